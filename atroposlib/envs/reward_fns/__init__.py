@@ -1,0 +1,1 @@
+"""atroposlib.envs.reward_fns."""

@@ -1,0 +1,37 @@
+"""The exception tree shared by every part of atroposlib."""
+
+from __future__ import annotations
+
+
+class AtroposError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class ConfigError(AtroposError):
+    """A setting has a value that cannot work; the message names the setting and the fix."""
+
+
+class InvalidGroupError(AtroposError):
+    """A scored group breaks the wire contract; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class BrokerError(AtroposError):
+    """The broker answered with an error status or could not be reached."""
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker could not be reached, or kept answering 5xx/503 past the retry budget."""
+
+
+class BrokerRejectedError(BrokerError):
+    """The broker refused a request with a 4xx; retrying the same request cannot succeed."""
+
+    def __init__(self, status_code: int, detail: object) -> None:
+        super().__init__(f"broker answered {status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
