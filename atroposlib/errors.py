@@ -35,3 +35,11 @@ class BrokerRejectedError(BrokerError):
         super().__init__(f"broker answered {status_code}: {detail}")
         self.status_code = status_code
         self.detail = detail
+
+
+class InferenceError(AtroposError):
+    """An inference server failed a request (connection, timeout, 5xx or an unreadable answer)."""
+
+
+class InferenceUnavailableError(InferenceError):
+    """Every attempt on every inference server failed; the rollout cannot be generated now."""
