@@ -128,6 +128,8 @@ class EnvRunner:
                 await self._on_step(status.current_step)
                 if status.current_step >= self.env.config.total_steps:
                     logger.info("trainer reached total_steps %d: stopping", status.current_step)
+                    if self.eval_task is not None:
+                        await self.eval_task
                     return
                 await self._start_rollouts(status)
             self._cancel_timed_out()
