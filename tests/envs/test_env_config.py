@@ -26,7 +26,11 @@ def test_config_init_defaults_and_atropos_field_defaults() -> None:
     assert settings.openai is not None and settings.openai.base_url == "http://localhost:9001/v1"
     plain = BaseEnvConfig()
     assert (plain.group_size, plain.max_num_workers, plain.max_eval_workers) == (4, -1, 16)
-    assert (plain.steps_per_eval, plain.max_token_length, plain.eval_limit_ratio) == (100, 2048, 0.5)
+    assert (plain.steps_per_eval, plain.max_token_length, plain.eval_limit_ratio) == (
+        100,
+        2048,
+        0.5,
+    )
     assert plain.eval_handling is EvalHandlingEnum.STOP_TRAIN
     assert (plain.max_batches_offpolicy, plain.total_steps, plain.worker_timeout) == (3, 1000, 600)
     assert plain.rollout_server_url == "http://localhost:8000" and plain.use_wandb is True
@@ -44,7 +48,11 @@ def test_config_init_defaults_and_atropos_field_defaults() -> None:
     ],
 )
 def test_precedence_for_each_pair_of_sources(
-    tmp_path: Path, yaml_value: int | None, env_value: str | None, cli_value: str | None, expected: int
+    tmp_path: Path,
+    yaml_value: int | None,
+    env_value: str | None,
+    cli_value: str | None,
+    expected: int,
 ) -> None:
     argv: list[str] = []
     environ: dict[str, str] = {}
