@@ -55,6 +55,7 @@ class EnvRunner:
         self.status: EnvStatusResponse | None = None
         self.status_at = 0.0
         self.submitted_at_status = 0
+        self.acked_during_status = 0
         self.eval_task: asyncio.Task[None] | None = None
         self.group_file: IO[bytes] | None = None
         if env.config.data_path_to_save_groups:
@@ -157,6 +158,7 @@ class EnvRunner:
             return self.status
         env_id = self.env.env_id
         assert env_id is not None
+        submitted, acked = self.env.groups_submitted, self.sender.sent
         try:
             self.status = await self.client.status_env(env_id)
         except BrokerUnavailableError as exc:
@@ -169,7 +171,9 @@ class EnvRunner:
             await self._register()
             return None
         self.status_at = time.monotonic()
-        self.submitted_at_status = self.env.groups_submitted
+        # posts acknowledged while the status was in flight may not be counted in it
+        self.submitted_at_status = submitted
+        self.acked_during_status = self.sender.sent - acked
         await self.env.server.update_weight(self.status.env_weight)
         return self.status
 
@@ -183,6 +187,7 @@ class EnvRunner:
             if config.eval_handling is EvalHandlingEnum.LIMIT_TRAIN:
                 limit = int(limit * config.eval_limit_ratio)
         unsent = max(self.sender.backlog, env.groups_submitted - self.submitted_at_status)
+        unsent += self.acked_during_status
         queued = status.queue_size + unsent
         projected = status.current_step + queued * config.group_size // max(1, config.batch_size)
         if projected >= config.total_steps:
