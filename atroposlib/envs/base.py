@@ -85,7 +85,7 @@ class BaseEnv(ABC):
         """Default (env config, server configs); the CLI, env vars and YAML override them."""
         return cls.env_config_cls(), ServerBaseline()
 
-    async def setup(self) -> None:
+    async def setup(self) -> None:  # noqa: B027 - optional hook
         """Load datasets, build state; called once before anything else."""
 
     @abstractmethod
@@ -93,7 +93,7 @@ class BaseEnv(ABC):
         """The next item to roll out (``None`` when there is nothing to do right now)."""
 
     async def collect_trajectory(self, item: Item) -> tuple[ScoredDataItem | None, list[Item]]:
-        """One rollout of ``item``; the default ``collect_trajectories`` calls it group_size times."""
+        """One rollout of ``item``; the default collect_trajectories calls it group_size times."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement collect_trajectory or collect_trajectories"
         )
@@ -113,11 +113,11 @@ class BaseEnv(ABC):
         """Change groups after collection (e.g. add advantages); identity by default."""
         return trajectories
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         """Run an evaluation; called every ``steps_per_eval`` trainer steps and by ``evaluate``."""
         logger.info("%s defines no evaluate()", type(self).__name__)
 
-    async def cleanup(self) -> None:
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook
         """Called after every item's rollout."""
 
     # ---- helpers for subclasses ------------------------------------------------------
@@ -157,7 +157,7 @@ class BaseEnv(ABC):
             setattr(self, key, value)
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
-        """Log ``wandb_metrics`` plus the env's own (lengths, scores, rollouts, timings, servers)."""
+        """Log ``wandb_metrics`` and the env's own: lengths, scores, rollouts, timings, servers."""
         metrics = dict(wandb_metrics or {})
         metrics.update(self.stats.drain(self.tracker, self.tokenizer_or_none()))
         prefix = self.wandb_prepend or self.config.wandb_name or self.name
@@ -177,7 +177,7 @@ class BaseEnv(ABC):
         samples: list[dict[str, Any]] | None = None,
         verbose: bool = True,
     ) -> None:
-        """Write ``metrics.json`` (+ ``samples.jsonl``) to ``data_dir_to_save_evals`` and log them."""
+        """Write metrics.json (and samples.jsonl) to ``data_dir_to_save_evals``; log them."""
         self.last_eval_metrics = dict(metrics)
         self.last_eval_samples = list(samples or [])
         self.tracker.log({f"eval/{k}": v for k, v in metrics.items()}, step=self.curr_step)

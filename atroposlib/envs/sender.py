@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from typing import Any, Protocol
 
 from atroposlib.envs.spool import Spool
@@ -136,8 +137,6 @@ class GroupSender:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         self.spool.close()

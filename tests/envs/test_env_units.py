@@ -41,7 +41,7 @@ def make_env(**config: Any) -> ItemEnv:
 
 def rollout(length: int, score: float, mask_length: int | None = None) -> ScoredDataItem:
     tokens = list(range(1, length + 1))
-    masks = [-100] + tokens[1 : (mask_length or length)]
+    masks = [-100, *tokens[1 : (mask_length or length)]]
     return {"tokens": tokens, "masks": masks, "scores": score}
 
 

@@ -26,8 +26,10 @@ def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
 def extract_answer(text: str) -> str | None:
     """The last ``\\boxed{...}``, else the last number, else None.
 
-    >>> extract_answer("so \\\\boxed{12} done"), extract_answer("it is 3 or 4"), extract_answer("no")
-    ('12', '4', None)
+    >>> extract_answer("so \\\\boxed{12} done"), extract_answer("it is 3 or 4")
+    ('12', '4')
+    >>> extract_answer("no") is None
+    True
     """
     boxed = _BOXED.findall(text)
     if boxed:
@@ -40,7 +42,7 @@ def extract_answer(text: str) -> str | None:
 def accuracy_reward(
     completions: Sequence[Any], *, solution: str | Sequence[str], **kwargs: Any
 ) -> list[float]:
-    """1.0 when the extracted answer equals the solution (one solution, or one per completion).
+    """1.0 when the extracted answer equals the solution (one, or one per completion).
 
     >>> accuracy_reward(["\\\\boxed{4}", "it is 5", "no idea"], solution="4")
     [1.0, 0.0, 0.0]

@@ -40,7 +40,7 @@ class ServerBaseline(BaseModel):
     )
     server_type: ServerType = Field(
         default="openai",
-        description="Backend: openai, vllm, sglang, embedded (token ids need vllm/sglang/embedded).",
+        description="Backend: openai, vllm, sglang or embedded (the last three give token ids).",
     )
     tokenizer_name: str | None = Field(
         default=None, description="Tokenizer for managed mode when the env passes none."
@@ -136,7 +136,7 @@ class APIServer(ABC):
         self.weight = max(0.01, weight)
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
-        """POST and decode JSON; every transport, status or decoding problem is an InferenceError."""
+        """POST and decode JSON; any transport, status or decoding problem is an InferenceError."""
         payload = orjson.dumps(body)
         if self.lean is not None and url.startswith(self.origin):
             try:
