@@ -109,6 +109,7 @@ class EnvRunner:
         if env.curr_step > 0:
             env.load_checkpoint()
         self.sender.start()
+        env._submit = self.submit
         try:
             await self._loop()
         finally:
@@ -219,17 +220,21 @@ class EnvRunner:
         task = asyncio.create_task(self._rollout(key, item, policy_version))
         self.rollouts[key] = Rollout(item, task)
 
+    def submit(self, group: dict[str, Any], policy_version: int | None = None) -> None:
+        """Stamp a valid group with its ids and hand it to the sender (and the JSONL file)."""
+        group["env_id"] = self.env.env_id
+        group["policy_version"] = self.env.curr_step if policy_version is None else policy_version
+        group["group_id"] = uuid.uuid4().hex
+        self.env.groups_submitted += 1
+        self.sender.submit(group)
+        if self.group_file is not None:
+            self.group_file.write(orjson.dumps(group) + b"\n")
+            self.group_file.flush()
+
     async def _rollout(self, key: str, item: Any, policy_version: int) -> None:
         try:
             for group in await self.env.run_item(item):
-                group["env_id"] = self.env.env_id
-                group["policy_version"] = policy_version
-                group["group_id"] = uuid.uuid4().hex
-                self.env.groups_submitted += 1
-                self.sender.submit(group)
-                if self.group_file is not None:
-                    self.group_file.write(orjson.dumps(group) + b"\n")
-                    self.group_file.flush()
+                self.submit(group, policy_version)
         finally:
             self.rollouts.pop(key, None)
 
