@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.circuit import CircuitBreaker
 from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
-from atroposlib.errors import InferenceError
+from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,8 @@ class APIServer(ABC):
             except httpx.HTTPError as exc:
                 raise InferenceError(f"{url}: {type(exc).__name__}: {exc}") from exc
             status, content = response.status_code, response.content
+        if 400 <= status < 500 and status not in (408, 429):
+            raise InferenceRejectedError(f"{url}: HTTP {status}: {content[:300]!r}")
         if status >= 400:
             raise InferenceError(f"{url}: HTTP {status}: {content[:200]!r}")
         try:
@@ -167,6 +169,9 @@ class APIServer(ABC):
         start = time.perf_counter()
         try:
             result = await call
+        except InferenceRejectedError:
+            self.breaker.record_success()
+            raise
         except InferenceError:
             self.failures += 1
             self.breaker.record_failure()

@@ -26,7 +26,12 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.envs.server_handling.sglang_server import EmbeddedServer, SGLangServer
 from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
-from atroposlib.errors import ConfigError, InferenceError, InferenceUnavailableError
+from atroposlib.errors import (
+    ConfigError,
+    InferenceError,
+    InferenceRejectedError,
+    InferenceUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +139,8 @@ class ServerManager:
             server = await self._acquire(split, pool)
             try:
                 return await op(server)
+            except InferenceRejectedError:
+                raise
             except InferenceError as exc:
                 attempt += 1
                 if attempt > self.max_retries:
