@@ -2,8 +2,8 @@
 
 Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"``. ``/generate``
 answers in the SGLang shape. ``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500),
-``hang`` (never answers), ``garbage`` (200 with a body that is not a completion), ``reject`` (404) or back to
-``ok``; ``GET /control`` returns the mode and request counts.
+``hang`` (never answers), ``garbage`` (200 with a body that is not a completion),
+``reject`` (404) or back to ``ok``; ``GET /control`` returns the mode and request counts.
 """
 
 from __future__ import annotations
