@@ -218,3 +218,73 @@ def test_no_wandb_is_a_null_tracker_and_offline_wandb_needs_no_network(
     tracker.log({"units_0/x": 1.0}, step=1)
     tracker.finish()
     assert list(tmp_path.glob("wandb/offline-run-*"))
+
+
+async def test_steps_trigger_evals_and_checkpoints(runner: EnvRunner) -> None:
+    import asyncio
+
+    env = runner.env
+    saved: list[int] = []
+    evaluated: list[int] = []
+
+    async def evaluate(*args: Any, **kwargs: Any) -> None:
+        evaluated.append(env.curr_step)
+
+    env.save_checkpoint = lambda step, data=None: saved.append(step)  # type: ignore[method-assign]
+    env.evaluate = evaluate  # type: ignore[method-assign]
+    env.checkpoint_interval, env.config.steps_per_eval = 3, 2
+    for step in (1, 2, 4, 7):
+        await runner._on_step(step)
+        if runner.eval_task is not None:
+            await runner.eval_task
+    await asyncio.sleep(0)
+    assert evaluated == [2, 4, 7], "steps 2, 4 and 6 (seen at 7) cross an eval boundary"
+    assert saved == [3, 6], "checkpoints at the interval boundaries crossed"
+
+
+async def test_a_stuck_rollout_is_cancelled_after_worker_timeout(runner: EnvRunner) -> None:
+    import asyncio
+
+    async def stuck(item: Any) -> Any:
+        await asyncio.sleep(3600)
+
+    runner.env.collect_trajectories = stuck  # type: ignore[method-assign]
+    runner.env.config.worker_timeout = 5
+    runner._spawn("item", 0)
+    [rollout] = runner.rollouts.values()
+    rollout.started -= 10
+    runner._cancel_timed_out()
+    await asyncio.sleep(0)
+    assert not runner.rollouts and rollout.task.cancelled()
+    assert runner.env.perf.failed == 1
+
+
+async def test_testing_mode_needs_no_inference_server(tmp_path: Path) -> None:
+    from example_env import AdditionEnv
+
+    from atroposlib.envs import modes
+    from atroposlib.envs.cli import build_env, parse_settings
+
+    out = tmp_path / "groups.jsonl"
+    argv = ["--testing", f"--env.data_path_to_save_groups={out}", "--env.total_steps=2"]
+    env = build_env(AdditionEnv, parse_settings(AdditionEnv, "process", argv, environ={}))
+    env.tokenizer = FakeTokenizer()
+    groups = await modes.process(env)
+    assert len(groups) == 2 and out.exists() and out.with_suffix(".html").exists()
+    assert groups[0]["messages"][0][-1]["content"] == "test response 0"
+
+
+class FakeTokenizer:
+    """Enough of a tokenizer for tokenize_for_trainer: one token per character."""
+
+    eos_token_id = 0
+
+    def apply_chat_template(
+        self, chat: list[dict[str, Any]], tokenize: bool = True, add_generation_prompt: bool = False
+    ) -> list[int]:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in chat)
+        text += "<assistant>" if add_generation_prompt else ""
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
