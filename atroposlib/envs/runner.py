@@ -102,7 +102,13 @@ class EnvRunner:
     async def run(self) -> None:
         env = self.env
         await env.setup()
-        await self._register()
+        while True:
+            try:
+                await self._register()
+                break
+            except BrokerUnavailableError as exc:
+                logger.warning("broker not reachable yet (%s); retrying registration", exc)
+                await asyncio.sleep(2.0)
         wandb = await self.client.wandb_info()
         env.start_tracker(project=wandb.project, group=wandb.group)
         await self._fetch_info()
