@@ -215,3 +215,21 @@ async def test_an_atropos_style_env_with_managed_mode_produces_aligned_groups(
     await env.wandb_log()
     assert env.completion_lengths == [] and env.rollouts_for_wandb == []
     await env.server.close()
+
+
+async def test_vllm_managed_mode_sends_token_ids_and_reads_token_logprobs(
+    fake: Process, tokenizer: Any
+) -> None:
+    server = APIServerConfig(base_url=f"{fake.url}/v1", server_type="vllm", model_name="m")
+    manager = ServerManager([server], max_n_completions=2)
+    try:
+        async with manager.managed_server(tokenizer=tokenizer) as managed:
+            answer = await managed.completion(prompt="Count: 1 2 3", n=3, max_tokens=4)
+            nodes = managed.get_state()["nodes"]
+        prompt_ids = tokenizer.encode("Count: 1 2 3", add_special_tokens=False)
+        assert len(answer.choices) == 3 and len(nodes) == 3
+        assert [node.tokens[len(prompt_ids)] for node in nodes] == [300, 301, 300]
+        assert nodes[0].logprobs[len(prompt_ids) :] == [-0.25, -0.5, -0.75]
+        assert nodes[0].masked_tokens[: len(prompt_ids)] == [-100] * len(prompt_ids)
+    finally:
+        await manager.close()
