@@ -37,6 +37,7 @@ EnvKey = int | None
 _NONE_ENV = "none"
 _size_of = attrgetter("size")
 _env_of = attrgetter("env_id")
+_SKIPS_BEFORE_INDEXING = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,16 +126,16 @@ def form_batch(
 
 def _count_up_to(items: list[int], value: int, cap: int) -> int:
     """How many times `value` occurs in `items`, counting no further than `cap`."""
-    if cap > 256:
+    if cap > 1024:
         return min(items.count(value), cap)
     found = 0
     position = -1
-    try:
-        while found < cap:
+    while found < cap:
+        try:
             position = items.index(value, position + 1)
-            found += 1
-    except ValueError:
-        pass
+        except ValueError:  # no further occurrence
+            return found
+        found += 1
     return found
 
 
@@ -244,7 +245,7 @@ class _Packer:
         for size, count in self.pool.counts.items():
             cap = self.batch_size // size
             owned = sum(own[size] for own in own_counts)
-            if count >= 2 * cap:  # the pool stopped counting at 2 * cap; count past the owned
+            if count >= 2 * cap and count - owned < cap:  # the pool stopped counting at 2 * cap
                 count = _count_up_to(self.sizes, size, cap + owned)
             rest[size] = min(count - owned, cap)
         return rest
@@ -263,6 +264,8 @@ class _Packer:
                 own_pool.take(size)
                 left -= size
                 self._take(index, position)
+        if left != 0:
+            raise AssertionError(f"reservation left {left} sequences unfilled; this is a bug")
 
     def fill_fair_share(self) -> None:
         """Pass 2: lowest virtual time first, oldest group that keeps a batch possible."""
@@ -271,19 +274,28 @@ class _Packer:
         cursor = list(self.heads)
         heap = [(self.vtime[i], head, i) for i, head in enumerate(self.heads)]
         heapq.heapify(heap)
+        skipped = 0
+        # Built only after many skipped groups: which (env, size) pairs lie ahead, so an env
+        # left with nothing but unusable sizes is dropped without walking its whole queue.
+        ahead: set[tuple[EnvKey, int]] | None = None
         while self.remaining > 0 and heap:
             _, head, index = heapq.heappop(heap)
             position = cursor[index]
-            while position < end:
+            while position < end and not (ahead and self._exhausted(index, ahead, dead)):
                 size = self.sizes[position]
                 if position not in self.taken and size not in dead:
                     if self.pool.can_take(size, self.remaining):
                         break
                     dead.add(size)
+                skipped += 1
+                if ahead is None and skipped > _SKIPS_BEFORE_INDEXING:
+                    start = min(cursor)
+                    ahead = set(zip(self.env_column[start:], self.sizes[start:], strict=True))
                 position = self._next(index, position + 1)
-            cursor[index] = position
-            if position == end:
+            else:
+                cursor[index] = end
                 continue
+            cursor[index] = position
             if position != head:
                 heapq.heappush(heap, (self.vtime[index], position, index))
                 continue
@@ -293,6 +305,15 @@ class _Packer:
                 heapq.heappush(heap, (self.vtime[index], position, index))
         if self.remaining != 0:
             raise AssertionError(f"packing left {self.remaining} sequences unfilled; this is a bug")
+
+    def _exhausted(self, index: int, ahead: set[tuple[EnvKey, int]], dead: set[int]) -> bool:
+        """Whether no size that could still go in the batch is among env `index`'s groups."""
+        env = self.envs[index]
+        return not any(
+            (env, size) in ahead
+            for size in self.pool.counts
+            if size <= self.remaining and size not in dead
+        )
 
     def commit(self, state: FairShareState, oversized: bool) -> None:
         """Store the new virtual times, shifted so the least served backlogged env is at 0.

@@ -103,6 +103,23 @@ def test_atropos_stranding_case_drains_every_size() -> None:
     assert sorted(delivered) == list(range(16))
 
 
+def test_long_queue_where_only_one_env_can_finish_the_batch() -> None:
+    # 1023 = 15 + 63 * 16 or 17 * 15 + 48 * 16: once the 16s cannot finish the batch, seven
+    # envs hold nothing usable; they are dropped without walking their whole queues.
+    queue = make_queue((env, 15 if env == 0 else 16) for env in list(range(8)) * 500)
+    state = FairShareState()
+    for _ in range(3):
+        batch = form_batch(queue, 1023, {}, state)
+        assert batch is not None
+        chosen = [group for group in queue if group.key in batch]
+        assert sum(group.size for group in chosen) == 1023
+        fifteens = [group.key for group in queue if group.size == 15]
+        picked = [group.key for group in chosen if group.size == 15]
+        assert picked == fifteens[: len(picked)]
+        assert len(picked) % 16 == 1
+        queue = [group for group in queue if group.key not in batch]
+
+
 def test_minimum_share_is_honoured_when_the_env_has_data() -> None:
     queue = make_queue([(0, 2)] * 20 + [(1, 2)] * 4)
     shares = {0: EnvShare(weight=9.0), 1: EnvShare(min_allocation=0.5)}
