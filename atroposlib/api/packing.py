@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
 
+__all__ = ["EnvShare", "FairShareState", "QueuedGroupRef", "form_batch"]
+
 logger = logging.getLogger(__name__)
 
 EnvKey = int | None
