@@ -6,11 +6,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
 
 logger = logging.getLogger("atroposlib.api")
@@ -44,6 +42,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
+    import uvicorn  # after parsing, so that --help and bad flags answer at once
+
+    from atroposlib.api.app import create_app
+
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -217,3 +217,14 @@ async def test_health_and_metrics(client: httpx.AsyncClient) -> None:
     assert 'broker_queue_groups{env_id="none"} 1.0' in text
     assert "broker_groups_in_total 1.0" in text
     assert "broker_request_bytes_total" in text
+
+
+async def test_stale_groups_dropped_and_counted_in_metrics(client: httpx.AsyncClient) -> None:
+    await start_trainer(client, batch_size=1, max_staleness=2, starting_step=5)
+    await client.post("/scored_data", json=make_group(1, marker=1, policy_version=2))
+    await client.post("/scored_data", json=make_group(1, marker=2, policy_version=3))
+    answer = (await client.get("/batch")).json()
+    assert answer["step"] == 6 and markers(answer["batch"]) == [2]
+    text = (await client.get("/metrics")).text
+    assert 'broker_groups_dropped_total{reason="stale"} 1.0' in text
+    assert "broker_groups_out_total 1.0" in text
