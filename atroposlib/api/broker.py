@@ -235,6 +235,8 @@ class Broker:
                 self.store.set_delivered([step], True, self._state)
                 return step, self._load_groups(batch.keys)
         self._drop_stale(trainer)
+        if sum(self._env_sequences.values()) < trainer.batch_size:
+            return None
         refs = [QueuedGroupRef(key, m.env_id, m.size) for key, m in self._queue.items()]
         keys = form_batch(refs, trainer.batch_size, self._shares(), self._fair)
         if keys is None:
@@ -351,7 +353,9 @@ class Broker:
 
     # -- ingest --------------------------------------------------------------------------
 
-    def _check(self, raw: Any, trainer: TrainerRegistration | None) -> tuple[CheckedGroup, bool]:
+    def _check(
+        self, raw: Any, trainer: TrainerRegistration | None
+    ) -> tuple[CheckedGroup, bool, bytes]:
         checked = check_group(raw, batch_size=trainer.batch_size if trainer else None)
         if checked.env_id is not None:
             self._env(checked.env_id)
@@ -363,12 +367,12 @@ class Broker:
                 f"a sequence has {checked.max_len} tokens, more than the trainer's max_token_len "
                 f"{trainer.max_token_len}; truncate or filter it before sending",
             )
-        return checked, too_long
+        return checked, too_long, encode_group(checked.group)
 
     def ingest(self, raws: Sequence[Any], *, as_list: bool = False) -> IngestResult:
         """Validate every group, then queue all of them or none (errors name the index)."""
         trainer = self.trainer
-        checked: list[tuple[CheckedGroup, bool]] = []
+        checked: list[tuple[CheckedGroup, bool, bytes]] = []
         for index, raw in enumerate(raws):
             try:
                 checked.append(self._check(raw, trainer))
@@ -376,11 +380,11 @@ class Broker:
                 if not as_list:
                     raise
                 raise InvalidGroupError(f"[{index}].{err.field}", err.message) from err
-        ids = {c.group_id for c, _ in checked if c.group_id is not None}
+        ids = {c.group_id for c, _, _ in checked if c.group_id is not None}
         seen = self.store.seen_group_ids(ids) if ids else set()
-        fresh: list[CheckedGroup] = []
+        fresh: list[tuple[CheckedGroup, bytes]] = []
         duplicates = dropped = 0
-        for group, too_long in checked:
+        for group, too_long, blob in checked:
             if group.group_id is not None and group.group_id in seen:
                 duplicates += 1
                 continue
@@ -389,12 +393,10 @@ class Broker:
             if too_long:
                 dropped += 1
                 continue
-            fresh.append(group)
-        blobs = [encode_group(group.group) for group in fresh]
-        new_bytes = sum(len(blob) for blob in blobs)
-        self._check_room(len(fresh), new_bytes)
+            fresh.append((group, blob))
+        self._check_room(len(fresh), sum(len(blob) for _, blob in fresh))
         new: list[NewGroup] = []
-        for group, blob in zip(fresh, blobs, strict=True):
+        for group, blob in fresh:
             key = int(self._state["next_key"])
             self._state["next_key"] = key + 1
             meta = GroupMeta(

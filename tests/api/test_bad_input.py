@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 from broker_testlib import env_body, in_process, make_group, trainer_body
 from pydantic import ValidationError
@@ -187,3 +188,12 @@ def test_fast_validation_agrees_with_protocol_model(raw: dict[str, Any]) -> None
     except InvalidGroupError:
         fast_ok = False
     assert fast_ok == model_ok
+
+
+async def test_msgpack_values_json_cannot_carry_are_422(client: httpx.AsyncClient) -> None:
+    body = msgpack.packb([make_group(), make_group(images=[b"\x89PNG"])], use_bin_type=True)
+    answer = await client.post(
+        "/scored_data_list", content=body, headers={"content-type": "application/msgpack"}
+    )
+    assert answer.status_code == 422 and answer.json()["detail"].startswith("[1].images:")
+    assert (await client.get("/status")).json()["queue_size"] == 0
