@@ -1,7 +1,8 @@
 """Fast checks of one decoded group (a dict from JSON or msgpack), with numpy, no pydantic.
 
 The rules are those of :class:`atroposlib.protocol.ScoredData` plus what a trainer needs:
-aligned lengths, finite numbers, at least one sequence. A failure raises
+aligned lengths, finite numbers, at least one sequence, token ids and masks that are numbers
+(not numeric strings) within int32. A failure raises
 :class:`InvalidGroupError` naming the field and the fix. The result holds the per-token fields
 as 1-D numpy arrays (int32 / float32), ready for the store.
 """

@@ -80,6 +80,7 @@ async def test_trainer_and_env_clients_on_a_real_broker(
     assert markers(batch.groups) == [50, 51, 60, 61]
     first = batch.groups[0]
     assert first["tokens"][0].dtype == np.int32 and first["masks"][1].tolist() == [-100, 7]
+    assert first["tokens"][0].flags.writeable
     assert first["inference_logprobs"][0].dtype == np.float32
     assert first["inference_logprobs"][1].tolist() == [1.0, -2.0]
     assert first["group_id"]
