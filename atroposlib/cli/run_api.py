@@ -45,7 +45,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn  # after parsing, so that --help and bad flags answer at once
 
     from atroposlib.api.app import create_app
+    from atroposlib.api.store import open_store
+    from atroposlib.errors import ConfigError
 
+    try:
+        open_store(settings.store).close()
+    except ConfigError as err:
+        print(f"run-api: error: --store: {err}", file=sys.stderr)
+        raise SystemExit(1) from err
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

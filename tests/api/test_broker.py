@@ -11,6 +11,7 @@ from broker_testlib import env_body, make_group, markers, trainer_body
 from atroposlib.api.broker import Broker
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, MemoryStore, SqliteStore
+from atroposlib.errors import ConfigError
 from atroposlib.protocol import EnvRegistration, TrainerRegistration
 
 
@@ -132,3 +133,11 @@ def test_reset_forgets_everything(store: GroupStore) -> None:
     broker.reset()
     assert broker.trainer is None and broker.status().queue_size == 0
     assert broker.ingest([make_group(group_id="a")]).duplicates == 0
+
+
+def test_one_broker_per_sqlite_store(tmp_path: Path) -> None:
+    first = SqliteStore(tmp_path / "broker.sqlite3")
+    with pytest.raises(ConfigError, match="another broker"):
+        SqliteStore(tmp_path / "broker.sqlite3")
+    first.close()
+    SqliteStore(tmp_path / "broker.sqlite3").close()
