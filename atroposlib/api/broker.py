@@ -104,6 +104,9 @@ class Broker:
             self._enqueue(meta)
         self._batched = snapshot.batched
         self._batches = {batch.step: batch for batch in snapshot.batches}
+        kept = self.settings.recent_groups_kept
+        newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
+        self._recent.extend(self.store.payloads(newest))
 
     def _save_envs(self) -> None:
         self._state["envs"] = [asdict(env) for env in self._envs]

@@ -114,6 +114,7 @@ def test_everything_survives_a_restart(tmp_path: Path) -> None:
 
     second = make_broker(SqliteStore(path))
     assert second.status().model_dump() == {"current_step": 8, "queue_size": 2}
+    assert second.latest_example()["tokens"][0][0] == 30
     assert second.info().batch_size == 2
     assert second.ingest([make_group(2, group_id="20")]).duplicates == 1
     assert second.ingest([make_group(2, group_id="10")]).duplicates == 1
