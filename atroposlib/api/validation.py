@@ -39,6 +39,15 @@ class CheckedGroup:
     policy_version: int | None
 
 
+def _integral_int32(arr: np.ndarray) -> bool:
+    finite = bool(np.isfinite(arr).all())
+    return finite and bool((arr == arr.round()).all()) and _in_int32(arr)
+
+
+def _in_int32(arr: np.ndarray) -> bool:
+    return bool(arr.min() >= _INT32.min and arr.max() <= _INT32.max)
+
+
 def _int_row(field: str, index: int, row: Any) -> np.ndarray:
     if isinstance(row, bytes | bytearray | memoryview):
         if len(row) % 4:
@@ -54,11 +63,11 @@ def _int_row(field: str, index: int, row: Any) -> np.ndarray:
         raise InvalidGroupError(f"{field}[{index}]", f"must be a list of integers ({err})") from err
     if arr.ndim != 1:
         raise InvalidGroupError(f"{field}[{index}]", "must be a flat list of integers")
-    if arr.size and arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == arr.round()).all():
+    if arr.size and arr.dtype.kind == "f" and _integral_int32(arr):
         arr = arr.astype(np.int64)
     if arr.size and arr.dtype.kind not in "iu":
         raise InvalidGroupError(f"{field}[{index}]", "must be a list of integers")
-    if arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
+    if arr.size and not _in_int32(arr):
         raise InvalidGroupError(f"{field}[{index}]", "values must fit in int32")
     return arr.astype(PACKED_DTYPES[field], copy=False)
 
