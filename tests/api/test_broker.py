@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,10 @@ def trainer(**overrides: Any) -> TrainerRegistration:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> GroupStore:
-    if request.param == "memory":
-        return MemoryStore()
-    return SqliteStore(tmp_path / "broker.sqlite3")
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GroupStore]:
+    opened = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "b.sqlite3")
+    yield opened
+    opened.close()
 
 
 def make_broker(store: GroupStore, **settings: Any) -> Broker:
