@@ -39,6 +39,8 @@ from atroposlib.protocol import (
 logger = logging.getLogger(__name__)
 
 MIN_ENV_WEIGHT = 0.01
+RECENT_BYTES = 16 * 1024 * 1024
+"""Memory bound of the groups kept for /recent_groups and /latest_example."""
 EMPTY_EXAMPLE: dict[str, list[Any]] = {
     name: []
     for name in (
@@ -85,7 +87,8 @@ class Broker:
     def __init__(self, store: GroupStore, settings: BrokerSettings) -> None:
         self.store = store
         self.settings = settings
-        self._recent: deque[bytes] = deque(maxlen=settings.recent_groups_kept)
+        self._recent: deque[bytes] = deque()
+        self._recent_bytes = 0
         self._load()
 
     # -- state -------------------------------------------------------------------------
@@ -106,7 +109,8 @@ class Broker:
         self._batches = {batch.step: batch for batch in snapshot.batches}
         kept = self.settings.recent_groups_kept
         newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
-        self._recent.extend(self.store.payloads(newest))
+        for blob in self.store.payloads(newest):
+            self._remember(blob)
 
     def _save_envs(self) -> None:
         self._state["envs"] = [asdict(env) for env in self._envs]
@@ -415,7 +419,7 @@ class Broker:
             self.store.add_groups(new, self._state)
         for stored in new:
             self._enqueue(stored.meta)
-            self._recent.append(stored.blob)
+            self._remember(stored.blob)
         if dropped:
             logger.warning("dropped %d group(s) with sequences past max_token_len", dropped)
         return IngestResult(accepted=len(new), duplicates=duplicates, dropped=dropped)
@@ -435,6 +439,18 @@ class Broker:
 
     # -- read-only views -----------------------------------------------------------------
 
+    def _remember(self, blob: bytes) -> None:
+        """Keep the newest groups for /recent_groups, by count and within RECENT_BYTES."""
+        if self.settings.recent_groups_kept == 0:
+            return
+        self._recent.append(blob)
+        self._recent_bytes += len(blob)
+        while len(self._recent) > 1 and (
+            len(self._recent) > self.settings.recent_groups_kept
+            or self._recent_bytes > RECENT_BYTES
+        ):
+            self._recent_bytes -= len(self._recent.popleft())
+
     def latest_example(self) -> dict[str, Any]:
         return decode_group(self._recent[-1]) if self._recent else dict(EMPTY_EXAMPLE)
 
@@ -447,5 +463,6 @@ class Broker:
     def reset(self) -> None:
         self.store.reset()
         self._recent.clear()
+        self._recent_bytes = 0
         self._load()
         logger.info("broker reset: queue, batches, trainer and envs cleared")

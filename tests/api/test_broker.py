@@ -143,3 +143,15 @@ def test_one_broker_per_sqlite_store(tmp_path: Path) -> None:
         SqliteStore(tmp_path / "broker.sqlite3")
     first.close()
     SqliteStore(tmp_path / "broker.sqlite3").close()
+
+
+def test_recent_groups_are_bounded_by_count_and_bytes(
+    store: GroupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make_broker(store, recent_groups_kept=3)
+    broker.ingest([make_group(1, marker=m) for m in range(5)])
+    assert markers(broker.recent_groups(10)) == [2, 3, 4]
+    monkeypatch.setattr("atroposlib.api.broker.RECENT_BYTES", 1)
+    broker.ingest([make_group(1, marker=9)])
+    assert markers(broker.recent_groups(10)) == [9]
+    assert markers([broker.latest_example()]) == [9]
