@@ -56,6 +56,11 @@ class IngestResult:
     dropped: int
 
 
+def _trainer_identity(registration: TrainerRegistration) -> tuple[str, str, str]:
+    """A trainer that re-registers with the same identity is resuming (and may rewind)."""
+    return (registration.wandb_project, registration.wandb_group, registration.checkpoint_dir)
+
+
 def _fresh_state() -> dict[str, Any]:
     return {
         "trainer": None,
@@ -168,6 +173,16 @@ class Broker:
     # -- trainer -------------------------------------------------------------------------
 
     def register_trainer(self, registration: TrainerRegistration) -> int:
+        current = self._trainer
+        if current is not None and _trainer_identity(current) != _trainer_identity(registration):
+            # A second consumer (a data tool such as atropos-sft-gen, a viewer) must not
+            # rewind the running trainer's step; Atropos ignored such registrations too.
+            logger.info(
+                "registration from %s/%s (%s) kept as an observer: trainer %s/%s owns the run",
+                registration.wandb_project, registration.wandb_group, registration.checkpoint_dir,
+                current.wandb_project, current.wandb_group,
+            )  # fmt: skip
+            return secrets.randbits(63)
         self._state["trainer"] = registration.model_dump()
         self._trainer = registration
         self._state["trainer_uuid"] = secrets.randbits(63)

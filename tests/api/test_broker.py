@@ -155,3 +155,24 @@ def test_recent_groups_are_bounded_by_count_and_bytes(
     broker.ingest([make_group(1, marker=9)])
     assert markers(broker.recent_groups(10)) == [9]
     assert markers([broker.latest_example()]) == [9]
+
+
+def test_a_second_consumer_with_another_identity_does_not_rewind_the_trainer(
+    store: GroupStore,
+) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=2, starting_step=0, checkpoint_dir="run/ckpt"))
+    broker.ingest([make_group(2, marker=m) for m in (10, 20, 30)])
+    assert batch_markers(broker) == (1, [10, 11])
+    assert batch_markers(broker) == (2, [20, 21])
+
+    observer = trainer(batch_size=8, starting_step=0, checkpoint_dir="sft-export", wandb_group="x")
+    broker.register_trainer(observer)
+    assert broker.current_step == 2
+    assert broker.info().batch_size == 2
+    assert batch_markers(broker) == (3, [30, 31])
+
+    # the trainer itself resuming from step 1 rewinds: batches 2 and 3 come again, in order
+    broker.register_trainer(trainer(batch_size=2, starting_step=1, checkpoint_dir="run/ckpt"))
+    assert batch_markers(broker) == (2, [20, 21])
+    assert batch_markers(broker) == (3, [30, 31])
