@@ -101,6 +101,7 @@ class Broker:
         self._env_sequences: Counter[int | None] = Counter()
         self._env_groups: Counter[int | None] = Counter()
         self._sizes: Counter[int] = Counter()
+        self._refs: dict[int, QueuedGroupRef] = {}
         for meta in snapshot.queued:
             self._enqueue(meta)
         self._batched = snapshot.batched
@@ -116,6 +117,7 @@ class Broker:
 
     def _enqueue(self, meta: GroupMeta) -> None:
         self._queue[meta.key] = meta
+        self._refs[meta.key] = QueuedGroupRef(meta.key, meta.env_id, meta.size)
         self._queued_bytes += meta.nbytes
         self._env_sequences[meta.env_id] += meta.size
         self._env_groups[meta.env_id] += 1
@@ -123,6 +125,7 @@ class Broker:
 
     def _dequeue(self, key: int) -> GroupMeta:
         meta = self._queue.pop(key)
+        del self._refs[key]
         self._queued_bytes -= meta.nbytes
         self._env_sequences[meta.env_id] -= meta.size
         self._env_groups[meta.env_id] -= 1
@@ -240,7 +243,7 @@ class Broker:
         self._drop_stale(trainer)
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
-        refs = [QueuedGroupRef(key, m.env_id, m.size) for key, m in self._queue.items()]
+        refs = list(self._refs.values())  # arrival order: dicts keep insertion order
         keys = form_batch(refs, trainer.batch_size, self._envs.shares(), self._fair)
         if keys is None:
             return None
