@@ -1,0 +1,180 @@
+"""The shared shell of ``atropos-sft-gen`` and ``atropos-dpo-gen``: flags, source, progress.
+
+Exit status: 0 lines written; 1 nothing written or the source failed (broker unreachable,
+a bad dump line); 2 bad flags or an existing output file without ``--append-to-previous``;
+130 interrupted (lines written so far are kept and complete).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from atroposlib.cli._flags import build_parser, fail, parse_settings
+from atroposlib.errors import BrokerError
+from atroposlib.export.groups import GroupFileError
+from atroposlib.export.lines import LineOptions, dpo_lines, sft_lines
+from atroposlib.export.runner import ExportResult, OutputExistsError, open_output, run_export
+from atroposlib.export.selection import ScoreFilters
+from atroposlib.export.settings import DpoSettings, ExportSettings, SftSettings
+from atroposlib.export.sources import (
+    BrokerRegistration,
+    BrokerSource,
+    FileSource,
+    GroupSource,
+    reset_broker,
+)
+from atroposlib.export.text import Decoder
+
+Kind = Literal["sft", "dpo"]
+_PROG: dict[Kind, str] = {"sft": "atropos-sft-gen", "dpo": "atropos-dpo-gen"}
+_DESCRIPTION: dict[Kind, str] = {
+    "sft": "Write SFT data (best sequences of each scored group) from a broker or JSONL dumps.",
+    "dpo": "Write DPO pairs (best vs worst of each scored group) from a broker or JSONL dumps.",
+}
+
+
+def _load_decoder(prog: str, name: str) -> Decoder:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer: Decoder = AutoTokenizer.from_pretrained(name)  # type: ignore[assignment]
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        fail(prog, f"--tokenizer {name}: cannot load it ({first_line})", status=2)
+    return tokenizer
+
+
+def _source(settings: ExportSettings, prog: str) -> GroupSource:
+    if settings.input:
+        return FileSource(settings.input)
+    from atroposlib.api.client import TrainerClient
+
+    client = TrainerClient(settings.api_url, settings.api_key, encoding="msgpack")
+    reset = (
+        functools.partial(reset_broker, settings.api_url, settings.api_key)
+        if settings.reset_broker
+        else None
+    )
+    return BrokerSource(
+        client,
+        BrokerRegistration(
+            batch_size=settings.batch_size,
+            max_token_len=settings.max_token_len,
+            name=prog,
+            num_steps=settings.num_seqs_to_save,
+        ),
+        poll_interval=settings.poll_interval,
+        idle_timeout=settings.idle_timeout,
+        reset_first=reset,
+    )
+
+
+def _options(settings: ExportSettings) -> LineOptions:
+    per_group = (
+        settings.save_top_n_per_group
+        if isinstance(settings, SftSettings)
+        else settings.save_n_pairs_per_group
+        if isinstance(settings, DpoSettings)
+        else 1
+    )
+    return LineOptions(
+        filters=ScoreFilters(
+            allow_negative_scores=settings.allow_negative_scores,
+            minimum_score_diff=settings.minimum_score_diff_max_min,
+        ),
+        per_group=per_group,
+        save_messages=settings.save_messages,
+        max_token_len=settings.max_token_len,
+    )
+
+
+def _summary(result: ExportResult, path: Path) -> str:
+    skipped = ", ".join(f"{reason} {count}" for reason, count in sorted(result.skipped.items()))
+    ending = " (input exhausted)" if result.source_exhausted else ""
+    return (
+        f"wrote {result.lines_written} lines to {path} from {result.groups_read} groups{ending}"
+        + (f"; skipped: {skipped}" if skipped else "")
+    )
+
+
+def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
+    prog = _PROG[kind]
+    model = SftSettings if kind == "sft" else DpoSettings
+    parser = build_parser(model, prog, _DESCRIPTION[kind], positional=("filepath",))
+    settings = parse_settings(model, parser, argv)
+    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    if settings.filepath.exists() and not settings.append_to_previous:
+        fail(
+            prog,
+            f"{settings.filepath} already exists; pass --append-to-previous to add to "
+            "it, or choose another output path",
+            status=2,
+        )
+    decoder = None if settings.save_messages else _load_decoder(prog, str(settings.tokenizer))
+    make = sft_lines if kind == "sft" else dpo_lines
+    options = _options(settings)
+    console = Console(stderr=True)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn(f"[bold]{kind.upper()}[/bold] lines"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("groups {task.fields[groups]} · skipped {task.fields[skipped]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=settings.quiet,
+    )
+    task = progress.add_task("export", total=settings.num_seqs_to_save, groups=0, skipped=0)
+
+    def report(result: ExportResult) -> None:
+        progress.update(
+            task,
+            completed=result.lines_written,
+            groups=result.groups_read,
+            skipped=sum(result.skipped.values()),
+        )
+
+    result = ExportResult()
+    try:
+        source = _source(settings, prog)
+        with (
+            open_output(settings.filepath, append=settings.append_to_previous) as output,
+            progress,
+        ):
+            result = run_export(
+                source,
+                lambda group, skipped: make(group, options, decoder, skipped),
+                output,
+                settings.num_seqs_to_save,
+                on_progress=report,
+            )
+    except OutputExistsError as err:
+        fail(prog, str(err), status=2)
+    except GroupFileError as err:
+        fail(prog, f"{err} (no line written after it)")
+    except (BrokerError, httpx.HTTPError) as err:
+        fail(prog, f"broker at {settings.api_url}: {err}")
+    except OSError as err:
+        fail(prog, str(err))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {_summary(result, settings.filepath)}", file=sys.stderr)
+        raise SystemExit(130) from None
+    print(f"{prog}: {_summary(result, settings.filepath)}", file=sys.stderr)
+    if result.lines_written == 0:
+        raise SystemExit(1)
