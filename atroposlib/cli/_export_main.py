@@ -113,6 +113,12 @@ def _summary(result: ExportResult, path: Path) -> str:
     )
 
 
+def _drop_if_empty(path: Path, created: bool) -> None:
+    """Remove an output file this run created but left empty, so a retry is not refused."""
+    if created and path.exists() and path.stat().st_size == 0:
+        path.unlink()
+
+
 def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
     prog = _PROG[kind]
     model = SftSettings if kind == "sft" else DpoSettings
@@ -138,7 +144,7 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
         TextColumn("groups {task.fields[groups]} · skipped {task.fields[skipped]}"),
         TimeElapsedColumn(),
         console=console,
-        disable=settings.quiet,
+        disable=settings.quiet or not console.is_terminal,
     )
     task = progress.add_task("export", total=settings.num_seqs_to_save, groups=0, skipped=0)
 
@@ -151,6 +157,7 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
         )
 
     result = ExportResult()
+    created = not settings.filepath.exists()
     try:
         source = _source(settings, prog)
         with (
@@ -163,16 +170,20 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
                 output,
                 settings.num_seqs_to_save,
                 on_progress=report,
+                partial=result,
             )
     except OutputExistsError as err:
         fail(prog, str(err), status=2)
-    except GroupFileError as err:
-        fail(prog, f"{err} (no line written after it)")
-    except (BrokerError, httpx.HTTPError) as err:
-        fail(prog, f"broker at {settings.api_url}: {err}")
-    except OSError as err:
-        fail(prog, str(err))
+    except (GroupFileError, BrokerError, httpx.HTTPError, OSError) as err:
+        _drop_if_empty(settings.filepath, created)
+        where = (
+            f"broker at {settings.api_url}: "
+            if isinstance(err, BrokerError | httpx.HTTPError)
+            else ""
+        )
+        fail(prog, f"{where}{err}; {_summary(result, settings.filepath)}")
     except KeyboardInterrupt:
+        _drop_if_empty(settings.filepath, created)
         print(f"{prog}: interrupted; {_summary(result, settings.filepath)}", file=sys.stderr)
         raise SystemExit(130) from None
     print(f"{prog}: {_summary(result, settings.filepath)}", file=sys.stderr)

@@ -56,13 +56,15 @@ def run_export(
     output: TextIO,
     limit: int,
     on_progress: ProgressCallback | None = None,
+    partial: ExportResult | None = None,
 ) -> ExportResult:
     """Write up to ``limit`` lines made from the source's groups; returns what happened.
 
     Lines of a batch are written and synced before the source is told the batch is done,
-    so a broker batch is acknowledged only once its data is durable.
+    so a broker batch is acknowledged only once its data is durable. Counts go into
+    ``partial`` when given, so a caller still has them if the source raises midway.
     """
-    result = ExportResult()
+    result = partial if partial is not None else ExportResult()
     for batch in source.batches():
         for group in batch.groups:
             if result.lines_written >= limit:
@@ -70,7 +72,8 @@ def run_export(
             result.groups_read += 1
             lines = make_lines(group, result.skipped)
             room = limit - result.lines_written
-            result.skipped["over_limit"] += max(0, len(lines) - room)
+            if len(lines) > room:
+                result.skipped["over_limit"] += len(lines) - room
             for line in lines[:room]:
                 output.write(json.dumps(line, ensure_ascii=False) + "\n")
             result.lines_written += min(len(lines), room)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
+_TOLERANCE = 1e-9
+"""Score gaps are compared with this slack, so 0.6 - 0.4 counts as a gap of 0.2."""
+
 
 @dataclass(frozen=True)
 class ScoreFilters:
@@ -55,7 +58,7 @@ def select_top_n(
             continue
         if not filters.allow_negative_scores and score <= 0:
             skipped["score_not_positive"] += 1
-        elif filters.minimum_score_diff > 0 and score - floor < filters.minimum_score_diff:
+        elif score - floor < filters.minimum_score_diff - _TOLERANCE:
             skipped["below_score_gap"] += 1
         elif len(kept) >= top_n:
             skipped["beyond_top_n"] += 1
@@ -100,7 +103,7 @@ def pair_best_worst(
                 if index not in used
                 and index != chosen
                 and scores[index] < scores[chosen]
-                and scores[chosen] - scores[index] >= filters.minimum_score_diff
+                and scores[chosen] - scores[index] >= filters.minimum_score_diff - _TOLERANCE
             ),
             None,
         )
