@@ -188,4 +188,5 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
         raise SystemExit(130) from None
     print(f"{prog}: {_summary(result, settings.filepath)}", file=sys.stderr)
     if result.lines_written == 0:
+        _drop_if_empty(settings.filepath, created)
         raise SystemExit(1)
