@@ -67,3 +67,11 @@ class RequestBodyError(AtroposError):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+
+
+class InferenceError(AtroposError):
+    """An inference server failed a request (connection, timeout, 5xx or an unreadable answer)."""
+
+
+class InferenceUnavailableError(InferenceError):
+    """Every attempt on every inference server failed; the rollout cannot be generated now."""
