@@ -27,7 +27,7 @@ from rich.progress import (
 
 from atroposlib.cli._flags import build_parser, fail, parse_settings
 from atroposlib.errors import BrokerError
-from atroposlib.export.groups import GroupFileError
+from atroposlib.export.groups import GroupFileError, read_group_files
 from atroposlib.export.lines import LineOptions, dpo_lines, sft_lines
 from atroposlib.export.runner import ExportResult, OutputExistsError, open_output, run_export
 from atroposlib.export.selection import ScoreFilters
@@ -113,6 +113,26 @@ def _summary(result: ExportResult, path: Path) -> str:
     )
 
 
+def _dry_run(settings: ExportSettings, prog: str) -> None:
+    try:
+        if settings.input:
+            count = sum(1 for _ in read_group_files(settings.input))
+            found = f"{count} valid groups in {', '.join(settings.input)}"
+        else:
+            headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+            response = httpx.get(f"{settings.api_url.rstrip('/')}/status", headers=headers)
+            response.raise_for_status()
+            found = f"broker at {settings.api_url} answers: {response.json()}"
+    except (GroupFileError, OSError) as err:
+        fail(prog, str(err))
+    except httpx.HTTPError as err:
+        fail(prog, f"broker at {settings.api_url}: {err}")
+    print(
+        f"{prog}: dry run ok: {found}; tokenizer loaded; nothing registered or written",
+        file=sys.stderr,
+    )
+
+
 def _drop_if_empty(path: Path, created: bool) -> None:
     """Remove an output file this run created but left empty, so a retry is not refused."""
     if created and path.exists() and path.stat().st_size == 0:
@@ -133,6 +153,9 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
             status=2,
         )
     decoder = None if settings.save_messages else _load_decoder(prog, str(settings.tokenizer))
+    if settings.dry_run:
+        _dry_run(settings, prog)
+        return
     make = sft_lines if kind == "sft" else dpo_lines
     options = _options(settings)
     console = Console(stderr=True)

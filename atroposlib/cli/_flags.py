@@ -49,7 +49,8 @@ def build_parser(
         if not info.is_required() and kind is not bool and info.default not in (None, [], ()):
             help_text += f" (default: {info.default})"
         if name in positional:
-            parser.add_argument(name, type=kind, help=help_text)
+            optional: dict[str, Any] = {} if info.is_required() else {"nargs": "?", "default": None}
+            parser.add_argument(name, type=kind, help=help_text, **optional)
             continue
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -74,7 +75,9 @@ def parse_settings(
     model: type[Settings], parser: OneLineParser, argv: Sequence[str] | None = None
 ) -> Settings:
     """Parse ``argv`` into ``model``; exits with status 2 and one line on any error."""
-    given = vars(parser.parse_args(argv))
+    given = {
+        key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None
+    }
     try:
         return model(**given)
     except ValidationError as err:

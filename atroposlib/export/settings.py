@@ -95,6 +95,11 @@ class ExportSettings(BaseSettings):
         description="Seconds between GET /batch polls while the broker has no batch.",
     )
     quiet: bool = Field(default=False, description="No progress bar; only the final summary.")
+    dry_run: bool = Field(
+        default=False,
+        description="Check the tokenizer and the source (dumps valid, broker reachable), then "
+        "exit; registers nothing, resets nothing, writes nothing.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -103,6 +108,8 @@ class ExportSettings(BaseSettings):
                 "--tokenizer is required to decode tokens into text; pass the generating "
                 "model's tokenizer (hub name or folder), or use --save-messages"
             )
+        if self.dry_run and self.reset_broker:
+            raise ValueError("--dry-run changes nothing, so it cannot --reset-broker; drop one")
         if self.input and self.reset_broker:
             raise ValueError(
                 "--reset-broker only applies when reading from a broker; drop it or drop --input"

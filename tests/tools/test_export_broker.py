@@ -101,3 +101,16 @@ def test_unreachable_broker_is_one_line_and_exit_1(
     assert not out.exists()
     with pytest.raises(httpx.TransportError):
         httpx.get(url, timeout=1)
+
+
+def test_dry_run_touches_nothing(
+    live_broker: LiveBroker, tmp_path: Path, tokenizer_dir: str, run_tool: Run
+) -> None:
+    live_broker.post("/scored_data_list", without_env_ids(fixture_groups()))
+    out = tmp_path / "out.jsonl"
+    run = run_tool("dpo", out, *_flags(live_broker, tokenizer_dir), "--dry-run")
+    assert run.code == 0, run.stderr
+    assert "dry run ok: broker at" in run.stderr
+    assert not out.exists()
+    assert live_broker.get("/status")["queue_size"] == 3
+    assert live_broker.get("/info") == {"batch_size": -1, "max_token_len": -1}

@@ -81,6 +81,7 @@ def test_append_to_previous_keeps_old_lines(
         (["--minimum-score-diff-max-min", "-1"], "--minimum-score-diff-max-min"),
         (["--no-such-flag"], "--no-such-flag"),
         (["--reset-broker"], "--reset-broker"),
+        (["--dry-run", "--reset-broker"], "--dry-run"),
         (["--tokenizer", "/nonexistent/tokenizer"], "--tokenizer"),
     ],
 )
