@@ -63,14 +63,25 @@ def _row(group: dict[str, Any], field: str | None, index: int) -> Sequence[float
     return rows[index] if index < len(rows) else None
 
 
+def _scale(group: dict[str, Any], mode: ColourBy) -> float:
+    """The largest |value| of the signal in the whole group, so colours compare across rows."""
+    field = _FIELD[mode]
+    rows = group.get(field) or [] if field is not None else []
+    return max((abs(value) for row in rows for value in row or []), default=0.0)
+
+
 def _tokens_html(
-    group: dict[str, Any], index: int, mode: ColourBy, decoder: Decoder | None, start: int
+    group: dict[str, Any],
+    index: int,
+    mode: ColourBy,
+    decoder: Decoder | None,
+    start: int,
+    scale: float,
 ) -> str:
     tokens, masks = group["tokens"][index], group["masks"][index]
     values = _row(group, _FIELD[mode], index)
     advantages = _row(group, "advantages", index)
     logprobs = _row(group, "inference_logprobs", index)
-    scale = max((abs(v) for v in values or [] if v is not None), default=0.0)
     spans = []
     for position in range(start, len(tokens)):
         token, mask = tokens[position], masks[position]
@@ -111,10 +122,11 @@ def render_group(
         parts.append(
             f'<div class="atv-note">this group has no {field}; tokens are not coloured</div>'
         )
+    scale = _scale(group, mode)
     for rank, index in enumerate(order, start=1):
         span = trained_span(group["masks"][index])
         start = span[0] if span else len(group["tokens"][index])
-        tokens_html = _tokens_html(group, index, mode, decoder, start)
+        tokens_html = _tokens_html(group, index, mode, decoder, start, scale)
         parts.append(
             f'<div class="atv-seq" data-seq="{index}"><div class="atv-head">'
             f"Completion {rank} · sequence {index} · score {scores[index]:g}</div>"

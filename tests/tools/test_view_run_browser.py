@@ -7,6 +7,7 @@ under ``test-artifacts/``. Needs ``scripts/install-browser`` (CI runs it); never
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -118,21 +119,27 @@ def test_browse_a_dump_pick_a_group_colour_by_advantage(
 
     page.get_by_label("advantage").check()
     red = view.locator(".atv-seq").first.locator(".atv-tok").first
+    expect(red).to_have_attribute("style", re.compile(r"rgba\(59, 130, 246, 0\.500"))  # +0.6 of 0.9
     expect(red).to_have_attribute("title", "id 12869 · trained · logprob 0.000 · advantage 0.600")
-    assert "rgba(59, 130, 246" in red.evaluate("e => getComputedStyle(e).backgroundColor")
     mauve = view.locator(".atv-seq").nth(3).locator(".atv-tok").first
-    assert "rgba(239, 68, 68" in mauve.evaluate("e => getComputedStyle(e).backgroundColor")
+    expect(mauve).to_have_attribute("style", re.compile(r"rgba\(239, 68, 68, 0\.750"))  # -0.9
 
     page.get_by_label("logprob").check()
-    end_token = view.locator(".atv-seq").first.locator(".atv-tok").nth(1)
+    first_seq = view.locator(".atv-seq").first
+    expect(first_seq.locator(".atv-tok").first).to_have_attribute(
+        "style", re.compile(r"rgba\(239, 68, 68, 0\.000")
+    )  # logprob 0: probability 1, not red
+    end_token = first_seq.locator(".atv-tok").nth(1)
     expect(end_token).to_have_attribute(
         "title", "id 2 · trained · logprob -0.250 · advantage 0.600"
     )
-    assert "rgba(239, 68, 68" in end_token.evaluate("e => getComputedStyle(e).backgroundColor")
+    expect(end_token).to_have_attribute("style", re.compile(r"rgba\(239, 68, 68, 0\.18"))
     _screenshot(page, "view-run-dump.png")
 
     _pick(page, "env", "0")
+    expect(view).to_contain_text("What is 2+3?")  # the filter's answer has arrived
     page.locator("#group input").click()
+    expect(page.get_by_role("option")).to_have_count(2)
     options = page.get_by_role("option").all_inner_texts()
     assert [option.strip("✓\n ") for option in options] == [
         "#0 · env 0 · 4 seqs · best 1 · mean 0.125",
@@ -141,9 +148,9 @@ def test_browse_a_dump_pick_a_group_colour_by_advantage(
     page.keyboard.press("Escape")
     page.locator("#min-score textarea, #min-score input").first.fill("0.5")
     page.locator("#min-score textarea, #min-score input").first.press("Enter")
-    expect(view).to_contain_text("What is 2+3?")
     page.locator("#group input").click()
-    assert len(page.get_by_role("option").all()) == 1
+    expect(page.get_by_role("option")).to_have_count(1)
+    expect(page.get_by_role("option")).to_contain_text("#0 · env 0")
     page.close()
 
 
