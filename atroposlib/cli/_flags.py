@@ -46,7 +46,8 @@ def build_parser(
     for name, info in model.model_fields.items():
         kind, is_list = _scalar(info.annotation)
         help_text = info.description or ""
-        if not info.is_required() and kind is not bool and info.default not in (None, [], ()):
+        shown = not info.is_required() and info.default_factory is None and kind is not bool
+        if shown and info.default not in (None, [], ()):
             help_text += f" (default: {info.default})"
         if name in positional:
             optional: dict[str, Any] = {} if info.is_required() else {"nargs": "?", "default": None}

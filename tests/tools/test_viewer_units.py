@@ -73,3 +73,25 @@ def test_broker_loader_surfaces_http_errors() -> None:
 
     with pytest.raises(httpx.HTTPStatusError):
         broker_loader("http://b:8000", http_get=fake_get)()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--input", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+        (["--tokenizer", "/nonexistent/tok"], "--tokenizer"),
+        (["--share"], "--share"),
+        (["--limit", "0"], "--limit"),
+    ],
+)
+def test_view_run_bad_flags_exit_2_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from atroposlib.cli import view_run
+
+    with pytest.raises(SystemExit) as stop:
+        view_run.main(argv)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0]
