@@ -4,6 +4,7 @@ and as a separate process where it must run while an env is posting."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -114,3 +115,28 @@ def test_dry_run_touches_nothing(
     assert not out.exists()
     assert live_broker.get("/status")["queue_size"] == 3
     assert live_broker.get("/info") == {"batch_size": -1, "max_token_len": -1}
+
+
+@pytest.mark.slow
+def test_interrupt_keeps_every_written_line(
+    live_broker: LiveBroker, tmp_path: Path, tokenizer_dir: str, subprocess_env: dict[str, str]
+) -> None:
+    live_broker.post("/scored_data_list", without_env_ids(fixture_groups()))
+    out = tmp_path / "out.jsonl"
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "atroposlib.cli.sft", str(out), *_flags(live_broker, tokenizer_dir)],
+        env=subprocess_env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while live_broker.get("/status")["queue_size"] > 0 or not out.exists():
+            assert exporter.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)  # the exporter is now polling an empty broker
+        exporter.send_signal(signal.SIGINT)
+        _, stderr = exporter.communicate(timeout=60)
+    finally:
+        exporter.kill()
+    assert exporter.returncode == 130, stderr
+    assert out.read_text() == (DATA / "expected_sft.jsonl").read_text()
+    assert "interrupted; wrote 5 lines" in stderr
