@@ -12,9 +12,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
@@ -40,12 +42,22 @@ def browser() -> Iterator[Browser]:
         launched.close()
 
 
+@dataclass
+class ViewRun:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def listening_addresses(self) -> set[str]:
+        connections = psutil.Process(self.process.pid).net_connections(kind="inet")
+        return {c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN}
+
+
 @pytest.fixture
-def view_run(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]:
-    """Start ``view-run`` with the given flags; returns its URL once it answers."""
+def view_run(subprocess_env: dict[str, str]) -> Iterator[Callable[..., ViewRun]]:
+    """Start ``view-run`` with the given flags; returns it once its page answers."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(*flags: str) -> str:
+    def start(*flags: str) -> ViewRun:
         port = free_port()
         command = [sys.executable, "-m", "atroposlib.cli.view_run", "--port", str(port), *flags]
         process = subprocess.Popen(command, env=subprocess_env)
@@ -56,7 +68,7 @@ def view_run(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]:
             assert process.poll() is None, f"view-run exited with {process.returncode}"
             try:
                 if httpx.get(url, timeout=2).status_code == 200:
-                    return url
+                    return ViewRun(url, process)
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "view-run did not answer within 180 s"
@@ -94,9 +106,11 @@ def _screenshot(page: Page, name: str) -> Path:
 
 
 def test_browse_a_dump_pick_a_group_colour_by_advantage(
-    browser: Browser, view_run: Callable[..., str], tokenizer_dir: str
+    browser: Browser, view_run: Callable[..., ViewRun], tokenizer_dir: str
 ) -> None:
-    page = _open(browser, view_run("--input", str(GROUPS_PATH), "--tokenizer", tokenizer_dir))
+    app = view_run("--input", str(GROUPS_PATH), "--tokenizer", tokenizer_dir)
+    assert app.listening_addresses() == {"127.0.0.1"}
+    page = _open(browser, app.url)
     expect(page.locator("#status")).to_contain_text("3 groups from")
     view = page.locator("#group-view")
     expect(view).to_contain_text("What is 2+3?")
@@ -156,14 +170,14 @@ def test_browse_a_dump_pick_a_group_colour_by_advantage(
 
 def test_browse_a_live_broker_read_only(
     browser: Browser,
-    view_run: Callable[..., str],
+    view_run: Callable[..., ViewRun],
     live_broker: LiveBroker,
     tokenizer_dir: str,
 ) -> None:
     live_broker.post("/scored_data_list", without_env_ids(fixture_groups()))
     before = live_broker.get("/status")
-    url = view_run("--api-url", live_broker.url, "--tokenizer", tokenizer_dir, "--limit", "2")
-    page = _open(browser, url)
+    app = view_run("--api-url", live_broker.url, "--tokenizer", tokenizer_dir, "--limit", "2")
+    page = _open(browser, app.url)
     expect(page.locator("#status")).to_contain_text(f"2 groups from broker {live_broker.url}")
     view = page.locator("#group-view")
     expect(view).to_contain_text("Name a primary colour.")
