@@ -25,6 +25,8 @@ PROG = "jsonl2html"
 
 
 class Jsonl2HtmlSettings(BaseSettings):
+    """``input_path`` and ``output_path`` are positional arguments."""
+
     model_config = SettingsConfigDict(env_prefix="ATROPOS_JSONL2HTML_", extra="forbid")
 
     input_path: Path = Field(description="JSONL file of scored groups, one group per line.")

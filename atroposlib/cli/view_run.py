@@ -20,6 +20,8 @@ from atroposlib.export.text import Decoder
 
 
 class ViewRunSettings(BaseSettings):
+    """Where the groups come from and where the app listens (always 127.0.0.1)."""
+
     model_config = SettingsConfigDict(
         env_prefix="ATROPOS_VIEW_", extra="forbid", populate_by_name=True
     )

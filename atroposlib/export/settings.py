@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 class ExportSettings(BaseSettings):
+    """Options shared by both exporters (``filepath`` is the positional argument)."""
+
     model_config = SettingsConfigDict(
         env_prefix="ATROPOS_EXPORT_", extra="forbid", populate_by_name=True
     )
@@ -122,12 +124,16 @@ class ExportSettings(BaseSettings):
 
 
 class SftSettings(ExportSettings):
+    """SFT lines (rejection sampling); ``filepath`` is the positional output path."""
+
     save_top_n_per_group: int = Field(
         default=3, gt=0, description="Keep at most this many of each group's best sequences."
     )
 
 
 class DpoSettings(ExportSettings):
+    """DPO pairs (best vs worst); ``filepath`` is the positional output path."""
+
     save_n_pairs_per_group: int = Field(
         default=3, gt=0, description="Make at most this many (chosen, rejected) pairs per group."
     )
