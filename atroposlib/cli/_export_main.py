@@ -139,10 +139,17 @@ def _drop_if_empty(path: Path, created: bool) -> None:
         path.unlink()
 
 
+_EPILOG = (
+    "Exit status: 0 lines written; 1 nothing written, or the broker/dump failed; 2 bad flags "
+    "or an existing output without --append-to-previous; 130 interrupted (written lines kept)."
+)
+
+
 def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
     prog = _PROG[kind]
     model = SftSettings if kind == "sft" else DpoSettings
     parser = build_parser(model, prog, _DESCRIPTION[kind], positional=("filepath",))
+    parser.epilog = _EPILOG
     settings = parse_settings(model, parser, argv)
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
     if settings.filepath.exists() and not settings.append_to_previous:

@@ -99,20 +99,30 @@ def _tokens_html(
     return "".join(spans)
 
 
+def _chat_text(chat: Sequence[dict[str, Any]]) -> str:
+    return "\n".join(f"{message.get('role')}: {message.get('content')}" for message in chat)
+
+
 def render_group(
     group: dict[str, Any], decoder: Decoder | None, mode: ColourBy = "mask", title: str = ""
 ) -> str:
-    """The HTML view of one group; completions are listed best score first."""
+    """The HTML view of one group; completions are listed best score first.
+
+    Without a decoder, tokens show as ids and the group's ``messages`` (when present) give
+    the readable prompt and replies.
+    """
     scores = group["scores"]
     order = sorted(range(len(scores)), key=lambda index: (-scores[index], index))
     first_span = trained_span(group["masks"][order[0]]) if order else None
     prompt_end = first_span[0] if first_span else 0
     prompt_tokens = group["tokens"][order[0]][:prompt_end] if order else []
-    prompt = (
-        decoder.decode(list(prompt_tokens))
-        if decoder is not None
-        else " ".join(f"⟨{t}⟩" for t in prompt_tokens)
-    )
+    messages = group.get("messages") or []
+    if decoder is not None:
+        prompt = decoder.decode(list(prompt_tokens))
+    elif order and order[0] < len(messages) and messages[order[0]]:
+        prompt = _chat_text(messages[order[0]][:-1])
+    else:
+        prompt = " ".join(f"⟨{t}⟩" for t in prompt_tokens)
     parts = [f'<div class="atv-group"><div class="atv-head">{html.escape(title)}</div>']
     parts.append(
         f'<div class="atv-head">Prompt</div><div class="atv-prompt">{html.escape(prompt)}</div>'
@@ -127,6 +137,9 @@ def render_group(
         span = trained_span(group["masks"][index])
         start = span[0] if span else len(group["tokens"][index])
         tokens_html = _tokens_html(group, index, mode, decoder, start, scale)
+        if decoder is None and index < len(messages) and messages[index]:
+            reply = html.escape(_chat_text(messages[index][-1:]))
+            tokens_html = f'<div class="atv-prompt">{reply}</div>{tokens_html}'
         parts.append(
             f'<div class="atv-seq" data-seq="{index}"><div class="atv-head">'
             f"Completion {rank} · sequence {index} · score {scores[index]:g}</div>"

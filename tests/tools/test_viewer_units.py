@@ -29,6 +29,13 @@ def test_render_without_tokenizer_shows_ids_and_orders_by_score() -> None:
     assert f"⟨{group['tokens'][0][-1]}⟩" in page
 
 
+def test_without_tokenizer_messages_give_readable_text() -> None:
+    page = render_group(fixture_groups()[0], None, "mask")
+    assert "user: What is 2+3?" in page and "assistant: 2 + 3 = 5" in page
+    bare = render_group({**fixture_groups()[0], "messages": None}, None, "mask")
+    assert "What is 2+3?" not in bare and "⟨1⟩" in bare
+
+
 def test_missing_signal_is_said_not_guessed() -> None:
     group = {**fixture_groups()[0], "advantages": None}
     page = render_group(group, None, "advantage")
