@@ -7,6 +7,7 @@ a bad dump line); 2 bad flags or an existing output file without ``--append-to-p
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import sys
@@ -66,6 +67,7 @@ def _source(settings: ExportSettings, prog: str) -> GroupSource:
     from atroposlib.api.client import TrainerClient
 
     client = TrainerClient(settings.api_url, settings.api_key, encoding="msgpack")
+    atexit.register(client.close)
     reset = (
         functools.partial(reset_broker, settings.api_url, settings.api_key)
         if settings.reset_broker
@@ -104,9 +106,16 @@ def _options(settings: ExportSettings) -> LineOptions:
     )
 
 
-def _summary(result: ExportResult, path: Path) -> str:
+def _summary(result: ExportResult, settings: ExportSettings) -> str:
+    path = settings.filepath
     skipped = ", ".join(f"{reason} {count}" for reason, count in sorted(result.skipped.items()))
-    ending = " (input exhausted)" if result.source_exhausted else ""
+    ending = ""
+    if result.source_exhausted:
+        ending = (
+            " (input exhausted)"
+            if settings.input
+            else f" (no batch for {settings.idle_timeout:g} s)"
+        )
     return (
         f"wrote {result.lines_written} lines to {path} from {result.groups_read} groups{ending}"
         + (f"; skipped: {skipped}" if skipped else "")
@@ -206,17 +215,13 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
         fail(prog, str(err), status=2)
     except (GroupFileError, BrokerError, httpx.HTTPError, OSError) as err:
         _drop_if_empty(settings.filepath, created)
-        where = (
-            f"broker at {settings.api_url}: "
-            if isinstance(err, BrokerError | httpx.HTTPError)
-            else ""
-        )
-        fail(prog, f"{where}{err}; {_summary(result, settings.filepath)}")
+        where = f"broker at {settings.api_url}: " if isinstance(err, httpx.HTTPError) else ""
+        fail(prog, f"{where}{err}; {_summary(result, settings)}")
     except KeyboardInterrupt:
         _drop_if_empty(settings.filepath, created)
-        print(f"{prog}: interrupted; {_summary(result, settings.filepath)}", file=sys.stderr)
+        print(f"{prog}: interrupted; {_summary(result, settings)}", file=sys.stderr)
         raise SystemExit(130) from None
-    print(f"{prog}: {_summary(result, settings.filepath)}", file=sys.stderr)
+    print(f"{prog}: {_summary(result, settings)}", file=sys.stderr)
     if result.lines_written == 0:
         _drop_if_empty(settings.filepath, created)
         raise SystemExit(1)

@@ -38,7 +38,7 @@ def test_groups_queued_before_the_exporter_are_exported_not_reset(
     run = run_tool(kind, out, *_flags(live_broker, tokenizer_dir), "--idle-timeout", "2")
     assert run.code == 0, run.stderr
     assert out.read_text() == (DATA / f"expected_{kind}.jsonl").read_text()
-    assert "from 3 groups (input exhausted)" in run.stderr
+    assert "from 3 groups (no batch for 2 s)" in run.stderr
     assert live_broker.get("/status") == {"current_step": 3, "queue_size": 0}
 
 
@@ -61,7 +61,7 @@ def test_live_stream_from_registered_envs_stops_at_the_line_target(
         exporter.kill()
     assert exporter.returncode == 0, stderr
     assert out.read_text() == (DATA / "expected_sft.jsonl").read_text()
-    assert "wrote 5 lines" in stderr and "exhausted" not in stderr
+    assert "wrote 5 lines" in stderr and "no batch for" not in stderr
     # The third group (nothing positive) was not needed: it stays queued for the next reader.
     assert live_broker.get("/status")["queue_size"] == 1
 
