@@ -22,6 +22,16 @@ from pydantic_core import PydanticUndefined
 # (section title, "module:Class", flag spelling: "{name}" or "{kebab}" stand for the field)
 DOCUMENTED_SETTINGS: tuple[tuple[str, str, str], ...] = (
     ("Broker: `run-api`", "atroposlib.api.settings:BrokerSettings", "--{kebab}"),
+    (
+        "Environment: `python env.py serve|process|evaluate`",
+        "atroposlib.envs.config:BaseEnvConfig",
+        "--env.{name}",
+    ),
+    (
+        "Inference server entries of an environment",
+        "atroposlib.envs.server_handling.server_baseline:APIServerConfig",
+        "--openai.{name}",
+    ),
     ("SFT export: `atropos-sft-gen`", "atroposlib.export.settings:SftSettings", "--{kebab}"),
     ("DPO export: `atropos-dpo-gen`", "atroposlib.export.settings:DpoSettings", "--{kebab}"),
     ("Group browser: `view-run`", "atroposlib.cli.view_run:ViewRunSettings", "--{kebab}"),
