@@ -45,6 +45,8 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -469,7 +471,7 @@ class Server:
         return total
 
     def stop(self) -> None:
-        self.popen.terminate()
+        self.popen.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly; py-spy writes out
         try:
             self.popen.wait(10)
         except subprocess.TimeoutExpired:
@@ -477,7 +479,7 @@ class Server:
             self.popen.wait()
 
 
-def start_server(name: str, workdir: Path) -> Server:
+def start_server(name: str, workdir: Path, ours_src: Path = ROOT) -> Server:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if name == "atropos":
@@ -488,9 +490,13 @@ def start_server(name: str, workdir: Path) -> Server:
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
     else:
         store = "memory" if name == "ours-memory" else f"sqlite:{workdir / 'b.sqlite3'}"
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = str(ours_src)
         cmd = [sys.executable, "-m", "atroposlib.api", "--host", "127.0.0.1"]
         cmd += ["--port", str(port), "--store", store]
+    # To profile one server, e.g.:
+    # BROKER_BENCH_PREFIX_OURS_SQLITE="py-spy record -r 250 -f raw -o prof.txt --"
+    prefix = os.environ.get(f"BROKER_BENCH_PREFIX_{name.upper().replace('-', '_')}", "")
+    cmd = [*shlex.split(prefix), *cmd]
     log_path = workdir / f"{name}.log"
     with log_path.open("wb") as log:
         popen = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -535,8 +541,10 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def throughput_row(name: str, shape: Shape, encoding: str, workdir: Path) -> dict:
-    server = start_server(name, workdir)
+def throughput_row(
+    name: str, shape: Shape, encoding: str, workdir: Path, ours_src: Path = ROOT
+) -> dict:
+    server = start_server(name, workdir, ours_src)
     try:
         sampler = RssSampler(server)
         sampler.start()
@@ -562,6 +570,9 @@ def throughput_row(name: str, shape: Shape, encoding: str, workdir: Path) -> dic
         "server_cpu_s_per_1k_seq": cpu * per_k,
         "server_rss_peak_mb": peak / 2**20,
         "client_cpu_s_per_1k_seq": (result.env_cpu_seconds + result.trainer_cpu_seconds) * per_k,
+        "env_client_cpu_s": result.env_cpu_seconds,
+        "trainer_client_cpu_s": result.trainer_cpu_seconds,
+        "server_cpu_s": cpu,
         "sequences": result.sequences_expected,
         "delivered": result.sequences_delivered,
         "lost": result.lost,
@@ -571,9 +582,9 @@ def throughput_row(name: str, shape: Shape, encoding: str, workdir: Path) -> dic
     }
 
 
-def backlog_row(name: str, shape: Shape, workdir: Path) -> dict:
+def backlog_row(name: str, shape: Shape, workdir: Path, ours_src: Path = ROOT) -> dict:
     """Open loop: post every group with no trainer pulling; RSS growth per queued token."""
-    server = start_server(name, workdir)
+    server = start_server(name, workdir, ours_src)
     try:
         env_ids = register(server.base_url, shape)
         rng = np.random.default_rng(99)
@@ -689,6 +700,19 @@ def ratios(rows: list[dict], backlog: list[dict]) -> list[dict]:
                     "met": met,
                 }
             )
+        for server, encoding in (("ours-sqlite", "json"), ("ours-sqlite", "msgpack")):
+            ours = by_key.get((shape, server, encoding))
+            if ours is not None and ours["server_cpu_s_per_1k_seq"] > 0:
+                value = base["server_cpu_s_per_1k_seq"] / ours["server_cpu_s_per_1k_seq"]
+                out.append(
+                    {
+                        "shape": shape,
+                        "what": f"server CPU/seq Atropos÷ours, {encoding} (info)",
+                        "ratio": value,
+                        "target": "-",
+                        "met": None,
+                    }
+                )
     for r in backlog:
         if r["server"] != "atropos":
             value = r["bytes_per_queued_token"]
@@ -704,12 +728,16 @@ def ratios(rows: list[dict], backlog: list[dict]) -> list[dict]:
     return out
 
 
+def _verdict(met: bool | None) -> str:
+    return "-" if met is None else ("yes" if met else "NO")
+
+
 def format_ratios(items: list[dict]) -> str:
     lines = [f"{'shape':<30} {'ours/Atropos':<42} {'value':>8}  target   met"]
     for item in items:
         lines.append(
             f"{item['shape']:<30} {item['what']:<42} {item['ratio']:>8.3g}  "
-            f"{item['target']:<8} {'yes' if item['met'] else 'NO'}"
+            f"{item['target']:<8} {_verdict(item['met'])}"
         )
     return "\n".join(lines)
 
@@ -719,15 +747,18 @@ def format_ratios(items: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def shapes_for(quick: bool) -> tuple[list[Shape], Shape]:
-    if quick:
-        return (
-            [Shape(4, 8, 512, 64, groups_per_env=24), Shape(4, 16, 4096, 256, groups_per_env=4)],
-            Shape(4, 16, 4096, 256, groups_per_env=4),
-        )
+def shapes_for(quick: bool) -> tuple[list[Shape], list[Shape]]:
+    """Closed-loop shapes and backlog shapes (backlogs of 2.6M/3.1M tokens; quick: a quarter)."""
+    scale = 4 if quick else 1
     return (
-        [Shape(4, 8, 512, 64, groups_per_env=100), Shape(4, 16, 4096, 256, groups_per_env=16)],
-        Shape(4, 16, 4096, 256, groups_per_env=10),
+        [
+            Shape(4, 8, 512, 64, groups_per_env=96 // scale),
+            Shape(4, 16, 4096, 256, groups_per_env=16 // scale),
+        ],
+        [
+            Shape(4, 8, 512, 64, groups_per_env=160 // scale),
+            Shape(4, 16, 4096, 256, groups_per_env=12 // scale),
+        ],
     )
 
 
@@ -740,8 +771,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--encodings", default="json,msgpack", help="comma-separated: json,msgpack")
     parser.add_argument("--no-backlog", action="store_true", help="skip the backlog run")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per row; the fastest is kept (busy hosts)"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument(
+        "--ours-src", type=Path, default=ROOT, help="source tree of our atroposlib (default: here)"
+    )
     args = parser.parse_args(argv)
+    ours_src = args.ours_src.resolve()
+    if not (ours_src / "atroposlib" / "api").is_dir():
+        parser.error(f"--ours-src {ours_src} has no atroposlib/api")
+    sys.path.insert(0, str(ours_src))
     servers = [s for s in args.only.split(",") if s]
     unknown = set(servers) - set(SERVERS)
     if unknown:
@@ -753,12 +794,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--encodings takes json and/or msgpack")
     if "atropos" in servers:
         ensure_atropos_venv()
-    shapes, backlog_shape = shapes_for(args.quick)
+    shapes, backlog_shapes = shapes_for(args.quick)
 
     rows: list[dict] = []
     backlog: list[dict] = []
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    load_before = os.getloadavg()
     print(
-        f"host: {os.cpu_count()} CPUs, python {sys.version.split()[0]}; client: httpx "
+        f"host: {os.cpu_count()} CPUs, load average {load_before[0]:.1f}, "
+        f"python {sys.version.split()[0]}; client: httpx "
         f"{httpx.__version__} default Accept-Encoding (gzip, deflate, br), uncompressed posts",
         flush=True,
     )
@@ -768,8 +813,14 @@ def main(argv: list[str] | None = None) -> int:
                 for encoding in encodings:
                     if server == "atropos" and encoding != "json":
                         continue
-                    workdir = Path(tempfile.mkdtemp(dir=tmp))
-                    row = throughput_row(server, shape, encoding, workdir)
+                    runs = [
+                        throughput_row(
+                            server, shape, encoding, Path(tempfile.mkdtemp(dir=tmp)), ours_src
+                        )
+                        for _ in range(args.repeat)
+                    ]
+                    row = max(runs, key=lambda r: r["tokens_per_s"])
+                    row["repeats_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
                     rows.append(row)
                     print(
                         f"  {shape.label} {server} {encoding}: {row['tokens_per_s']:,.0f} tok/s "
@@ -777,17 +828,27 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
         if not args.no_backlog:
-            for server in servers:
-                backlog.append(backlog_row(server, backlog_shape, Path(tempfile.mkdtemp(dir=tmp))))
-                print(
-                    f"  backlog {server}: {backlog[-1]['bytes_per_queued_token']:.1f} B/token",
-                    flush=True,
-                )
+            for shape in backlog_shapes:
+                for server in servers:
+                    workdir = Path(tempfile.mkdtemp(dir=tmp))
+                    backlog.append(backlog_row(server, shape, workdir, ours_src))
+                    per_token = backlog[-1]["bytes_per_queued_token"]
+                    print(
+                        f"  backlog {shape.label} {server}: {per_token:.1f} B/token",
+                        flush=True,
+                    )
 
+    load_after = os.getloadavg()
+    print(
+        f"\nload average (1 min) before/after: {load_before[0]:.1f}/{load_after[0]:.1f} on "
+        f"{os.cpu_count()} CPUs; wall-clock figures are only comparable on an idle host"
+    )
     print("\nClosed loop (latencies in ms; CPU in seconds per 1k sequences; dup = dup+corrupt)")
     print(format_table(rows))
     if backlog:
-        print(f"\nOpen-loop backlog (no trainer pulling), {backlog_shape.label}")
+        print(
+            "\nOpen-loop backlog (no trainer pulling; RSS in MB, growth in bytes per queued token)"
+        )
         print(format_backlog(backlog))
     checks = ratios(rows, backlog)
     if checks:
@@ -795,7 +856,17 @@ def main(argv: list[str] | None = None) -> int:
         print(format_ratios(checks))
     if args.json:
         args.json.write_text(
-            json.dumps({"rows": rows, "backlog": backlog, "ratios": checks}, indent=2)
+            json.dumps(
+                {
+                    "command": sys.argv,
+                    "cpus": os.cpu_count(),
+                    "load_average_before_after": [load_before[0], load_after[0]],
+                    "rows": rows,
+                    "backlog": backlog,
+                    "ratios": checks,
+                },
+                indent=2,
+            )
         )
     return 0
 
