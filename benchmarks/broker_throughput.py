@@ -770,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default=",".join(SERVERS), help=f"comma-separated servers from {SERVERS}"
     )
     parser.add_argument("--encodings", default="json,msgpack", help="comma-separated: json,msgpack")
+    parser.add_argument(
+        "--shapes", default="1,2", help="closed-loop shapes to run: 1 (L=512), 2 (L=4096)"
+    )
     parser.add_argument("--no-backlog", action="store_true", help="skip the backlog run")
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per row; the fastest is kept (busy hosts)"
@@ -795,6 +798,11 @@ def main(argv: list[str] | None = None) -> int:
     if "atropos" in servers:
         ensure_atropos_venv()
     shapes, backlog_shapes = shapes_for(args.quick)
+    try:
+        picked = sorted({int(x) for x in args.shapes.split(",") if x})
+        shapes = [shapes[i - 1] for i in picked]
+    except (ValueError, IndexError):
+        parser.error("--shapes takes 1 and/or 2, e.g. --shapes 2")
 
     rows: list[dict] = []
     backlog: list[dict] = []
