@@ -1,8 +1,9 @@
 """Broker throughput: our broker against Atropos 0.4.0's API server, same load, same machine.
 
-Both servers run on loopback, each in a fresh process per row. The load is hand-written
-(httpx + orjson, or msgpack with packed arrays through ``atroposlib.codec`` for the fast
-encoding) so that neither server gets a client tuned for it:
+Both servers run on loopback, each in a fresh process per row. The load is hand-written (a
+minimal HTTP/1.1 keep-alive client in this file; bodies as JSON via orjson, or as msgpack with
+packed arrays through ``atroposlib.codec`` for the fast encoding) so that neither server gets a
+client tuned for it, and the client stays cheap enough not to share the bottleneck:
 
 - the trainer registers (``POST /register``), calls ``GET /batch`` once (Atropos refuses
   ``/register-env`` until then), and E environments register;
@@ -13,8 +14,8 @@ encoding) so that neither server gets a client tuned for it:
 - one trainer process pulls ``GET /batch`` as fast as it can (sleeping ``POLL_SECONDS`` after an
   empty answer) and counts every sequence id, so lost and duplicated sequences are exact.
 
-Both clients send httpx's default ``Accept-Encoding`` (gzip, deflate, br), so a server that
-compresses large answers does so, as it would for a real trainer. Request bodies are sent
+Both clients send ``Accept-Encoding: gzip, deflate`` (as requests and aiohttp do), so a server
+that compresses large answers does so, as it would for a real trainer. Request bodies are sent
 uncompressed.
 
 Measured per row: tokens/s delivered to the trainer (wall clock from the first post to the
@@ -53,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +94,6 @@ class Shape:
     @property
     def total_sequences(self) -> int:
         return self.envs * self.groups_per_env * self.group_size
-
-    def __post_init__(self) -> None:
-        if self.total_sequences % self.batch_size:
-            raise ValueError(f"{self.label}: total sequences must be a multiple of B")
 
 
 @dataclasses.dataclass
@@ -169,10 +167,124 @@ def sequence_ids(groups: list[dict], encoding: str) -> tuple[list[int], int]:
 # ---------------------------------------------------------------------------------------
 
 
+ACCEPT_ENCODING = "gzip, deflate"
+
+
 def _headers(encoding: str) -> dict[str, str]:
     if encoding == "msgpack":
         return {"Content-Type": MSGPACK, "Accept": MSGPACK}
     return {"Content-Type": "application/json"}
+
+
+# A minimal HTTP/1.1 keep-alive client: httpx costs about as much CPU per request as the
+# broker under test, and on two cores the client would share the bottleneck. Both servers get
+# exactly the same requests from it.
+
+
+@dataclasses.dataclass
+class RawResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def _request_head(method: str, path: str, host: str, headers: dict[str, str], size: int) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Accept-Encoding: {ACCEPT_ENCODING}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines.append(f"Content-Length: {size}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return int(status_line.split(" ", 2)[1]), headers
+
+
+def _inflate(headers: dict[str, str], body: bytes) -> bytes:
+    coding = headers.get("content-encoding", "identity")
+    if coding == "gzip":
+        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+    if coding == "deflate":
+        return zlib.decompress(body)
+    return body
+
+
+class AsyncHttp:
+    def __init__(self, base_url: str) -> None:
+        self.host, _, port = base_url.removeprefix("http://").partition(":")
+        self.port = int(port)
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> RawResponse:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(self.host, self.port, limit=2**20)
+        reader, writer = self._streams
+        head = _request_head(method, path, f"{self.host}:{self.port}", headers or {}, len(body))
+        writer.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            writer.write(body)
+        await writer.drain()
+        status, response_headers = _parse_head((await reader.readuntil(b"\r\n\r\n"))[:-4])
+        if response_headers.get("transfer-encoding") == "chunked":
+            chunks = []
+            while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+                chunks.append(await reader.readexactly(size + 2))
+            await reader.readuntil(b"\r\n")
+            raw = b"".join(chunk[:-2] for chunk in chunks)
+        else:
+            raw = await reader.readexactly(int(response_headers.get("content-length", "0")))
+        if response_headers.get("connection") == "close":
+            writer.close()
+            self._streams = None
+        return RawResponse(status, response_headers, _inflate(response_headers, raw))
+
+    async def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+
+class SyncHttp:
+    def __init__(self, base_url: str) -> None:
+        self.host, _, port = base_url.removeprefix("http://").partition(":")
+        self.port = int(port)
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None) -> RawResponse:
+        if self._sock is None:
+            self._sock = socket.create_connection((self.host, self.port))
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._file = self._sock.makefile("rb", buffering=2**20)
+        self._sock.sendall(
+            _request_head(method, path, f"{self.host}:{self.port}", headers or {}, 0)
+        )
+        lines = []
+        while (line := self._file.readline()) not in (b"\r\n", b""):
+            lines.append(line.rstrip(b"\r\n"))
+        status, response_headers = _parse_head(b"\r\n".join(lines))
+        if response_headers.get("transfer-encoding") == "chunked":
+            chunks = []
+            while size := int(self._file.readline().strip(), 16):
+                chunks.append(self._file.read(size + 2)[:-2])
+            self._file.readline()
+            raw = b"".join(chunks)
+        else:
+            raw = self._file.read(int(response_headers.get("content-length", "0")))
+        return RawResponse(status, response_headers, _inflate(response_headers, raw))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._file.close()
+            self._sock.close()
+            self._sock = None
 
 
 async def _post_all(
@@ -180,18 +292,21 @@ async def _post_all(
 ) -> int:
     errors = 0
     headers = _headers(encoding)
-    async with httpx.AsyncClient(base_url=base_url, timeout=300.0) as client:
+    client = AsyncHttp(base_url)
+    try:
         for body in bodies:
             while True:
                 start = time.perf_counter()
-                response = await client.post("/scored_data", content=body, headers=headers)
+                response = await client.request("POST", "/scored_data", body, headers)
                 latencies.append((time.perf_counter() - start) * 1000.0)
-                if response.status_code == 503:
+                if response.status == 503:
                     await asyncio.sleep(float(response.headers.get("retry-after", "1")))
                     continue
-                if response.status_code != 200:
+                if response.status != 200:
                     errors += 1
                 break
+    finally:
+        await client.close()
     return errors
 
 
@@ -257,7 +372,10 @@ def trainer_process(
     empty = 0
     last_batch_at = time.monotonic()
     headers = {"Accept": MSGPACK} if encoding == "msgpack" else {}
-    with httpx.Client(base_url=base_url, timeout=300.0) as client:
+    if encoding == "msgpack":
+        from atroposlib.codec import decode  # imported before the clock starts
+    client = SyncHttp(base_url)
+    try:
         ready.set()
         start.wait()
         t0 = time.monotonic()
@@ -265,15 +383,16 @@ def trainer_process(
         idle_since: float | None = None
         while int((seen > 0).sum()) < shape.total_sequences:
             begin = time.perf_counter()
-            response = client.get("/batch", headers=headers)
+            response = client.request("GET", "/batch", headers)
             elapsed = (time.perf_counter() - begin) * 1000.0
-            response.raise_for_status()
+            if response.status != 200:
+                raise RuntimeError(
+                    f"GET /batch answered {response.status}: {response.body[:300]!r}"
+                )
             if encoding == "msgpack" and MSGPACK in response.headers.get("content-type", ""):
-                from atroposlib.codec import decode
-
-                body = decode(response.content, MSGPACK)
+                body = decode(response.body, MSGPACK)
             else:
-                body = orjson.loads(response.content)
+                body = orjson.loads(response.body)
             batch = body.get("batch")
             if not batch:
                 empty += 1
@@ -294,6 +413,8 @@ def trainer_process(
                 else:
                     corrupt += 1
         cpu = time.process_time() - cpu0
+    finally:
+        client.close()
     results.put(
         (
             "trainer",
@@ -360,6 +481,8 @@ def run_load(
     base_url: str, shape: Shape, encoding: str = "json", drain_seconds: float = 3.0
 ) -> LoadResult:
     """One closed-loop run against a running server (registration included)."""
+    if shape.total_sequences % shape.batch_size:
+        raise ValueError(f"{shape.label}: the total of sequences must be a multiple of B")
     env_ids = register(base_url, shape)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
