@@ -172,6 +172,12 @@ class _Packer:
         known = [state.virtual_time[env] for env in self.envs if env in state.virtual_time]
         floor = min(known, default=0.0)
         self.vtime = [max(state.virtual_time.get(env, floor), floor) for env in self.envs]
+        self._cursor = list(self.heads)
+        self._dead: set[int] = set()  # sizes that can no longer go in this batch
+        self._skipped = 0
+        # Built only after many skipped groups: the (env, size) pairs still ahead, so an env
+        # left with nothing but dead sizes is dropped without walking the rest of its queue.
+        self._ahead: set[tuple[EnvKey, int]] | None = None
 
     def _next(self, index: int, position: int) -> int:
         """Position of env `index`'s first group at or after `position`, or len(queue)."""
@@ -271,50 +277,56 @@ class _Packer:
 
     def fill_fair_share(self) -> None:
         """Pass 2: lowest virtual time first, oldest group that keeps a batch possible."""
-        dead: set[int] = set()
         end = len(self.env_column)
-        cursor = list(self.heads)
         heap = [(self.vtime[i], head, i) for i, head in enumerate(self.heads)]
         heapq.heapify(heap)
-        skipped = 0
-        # Built only after many skipped groups: which (env, size) pairs lie ahead, so an env
-        # left with nothing but unusable sizes is dropped without walking its whole queue.
-        ahead: set[tuple[EnvKey, int]] | None = None
         while self.remaining > 0 and heap:
             _, head, index = heapq.heappop(heap)
-            position = cursor[index]
-            while position < end and not (ahead and self._exhausted(index, ahead, dead)):
-                size = self.sizes[position]
-                if position not in self.taken and size not in dead:
-                    if self.pool.can_take(size, self.remaining):
-                        break
-                    dead.add(size)
-                skipped += 1
-                if ahead is None and skipped > _SKIPS_BEFORE_INDEXING:
-                    start = min(cursor)
-                    ahead = set(zip(self.env_column[start:], self.sizes[start:], strict=True))
-                position = self._next(index, position + 1)
-            else:
-                cursor[index] = end
+            position = self._usable(index)
+            if position == end:
                 continue
-            cursor[index] = position
-            if position != head:
+            if position != head:  # skipped groups that can no longer go in: re-queue the env
                 heapq.heappush(heap, (self.vtime[index], position, index))
                 continue
             self._take(index, position)
-            cursor[index] = position = self._next(index, position + 1)
+            position = self._cursor[index] = self._next(index, position + 1)
             if position < end:
                 heapq.heappush(heap, (self.vtime[index], position, index))
         if self.remaining != 0:
             raise AssertionError(f"packing left {self.remaining} sequences unfilled; this is a bug")
 
-    def _exhausted(self, index: int, ahead: set[tuple[EnvKey, int]], dead: set[int]) -> bool:
+    def _usable(self, index: int) -> int:
+        """Env `index`'s oldest group that can still go in the batch, or len(queue) if none.
+
+        A size that cannot complete the batch now never can later in it (the target only
+        shrinks by picks from the same pool), so skipped groups stay skipped.
+        """
+        end = len(self.env_column)
+        position = self._cursor[index]
+        while position < end:
+            if self._ahead is not None and self._exhausted(index, self._ahead):
+                position = end
+                break
+            size = self.sizes[position]
+            if position not in self.taken and size not in self._dead:
+                if self.pool.can_take(size, self.remaining):
+                    break
+                self._dead.add(size)
+            self._skipped += 1
+            if self._ahead is None and self._skipped > _SKIPS_BEFORE_INDEXING:
+                start = min(self._cursor)
+                self._ahead = set(zip(self.env_column[start:], self.sizes[start:], strict=True))
+            position = self._next(index, position + 1)
+        self._cursor[index] = position
+        return position
+
+    def _exhausted(self, index: int, ahead: set[tuple[EnvKey, int]]) -> bool:
         """Whether no size that could still go in the batch is among env `index`'s groups."""
         env = self.envs[index]
         return not any(
             (env, size) in ahead
             for size in self.pool.counts
-            if size <= self.remaining and size not in dead
+            if size <= self.remaining and size not in self._dead
         )
 
     def commit(self, state: FairShareState, oversized: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import Counter
@@ -190,12 +191,15 @@ def test_weights_three_to_one_over_400_batches() -> None:
 
 def test_idle_env_banks_no_credit() -> None:
     state = FairShareState()
-    # env 1 is served alone for 50 batches while env 0 is idle...
-    for i in range(50):
-        queue = make_queue([(1, 4)] * 2, first_key=2 * i)
+    keys = itertools.count()
+    # both envs are served, then env 1 alone for 50 batches while env 0 has no data...
+    queue = [QueuedGroupRef(next(keys), env, 4) for env in (0, 1) * 2]
+    assert form_batch(queue, 8, {}, state) is not None
+    for _ in range(50):
+        queue = [QueuedGroupRef(next(keys), 1, 4) for _ in range(2)]
         assert form_batch(queue, 8, {}, state) is not None
     # ...then both are backlogged: env 0 must not take every batch to catch up.
-    queue = make_queue([(0, 4)] * 20 + [(1, 4)] * 20, first_key=1000)
+    queue = [QueuedGroupRef(next(keys), env, 4) for env in (0, 1) * 20]
     served: Counter[EnvKey] = Counter()
     for _ in range(4):
         batch = form_batch(queue, 8, {}, state)
@@ -327,6 +331,31 @@ def test_minimums_honoured_when_some_exact_batch_honours_them(
         )
         if alone_feasible and len(reserved) == 1:
             assert sizes_by_env(queue, batch)[env] >= need
+
+
+@settings(max_examples=20, derandomize=True, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]), min_size=3, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_backlogged_envs_share_sequences_by_weight(weights: list[float], seed: int) -> None:
+    rng = random.Random(seed)
+    envs: list[EnvKey] = [None, 0, 1]
+    shares = {env: EnvShare(weight=weight) for env, weight in zip(envs, weights, strict=True)}
+    state = FairShareState()
+    queue: list[QueuedGroupRef] = []
+    keys = itertools.count()
+    served: Counter[EnvKey] = Counter()
+    for _ in range(100):
+        for env in envs:
+            while sum(group.size for group in queue if group.env_id == env) < 32:
+                queue.append(QueuedGroupRef(next(keys), env, rng.choice([1, 2, 4])))
+        batch = form_batch(queue, 16, shares, state)
+        assert batch is not None
+        served += sizes_by_env(queue, batch)
+        queue = [group for group in queue if group.key not in batch]
+    for env, weight in zip(envs, weights, strict=True):
+        assert served[env] / 1600 == pytest.approx(weight / sum(weights), abs=0.02)
 
 
 @PROPERTY_SETTINGS
