@@ -934,8 +934,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     print(
         f"host: {os.cpu_count()} CPUs, load average {load_before[0]:.1f}, "
-        f"python {sys.version.split()[0]}; client: httpx "
-        f"{httpx.__version__} default Accept-Encoding (gzip, deflate, br), uncompressed posts",
+        f"python {sys.version.split()[0]}; client: minimal HTTP/1.1 keep-alive (this script), "
+        f"Accept-Encoding: {ACCEPT_ENCODING}, uncompressed posts",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
