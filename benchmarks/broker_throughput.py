@@ -726,7 +726,12 @@ def backlog_row(name: str, shape: Shape, workdir: Path, ours_src: Path = ROOT) -
             base = server.rss()
             sampler = RssSampler(server)
             sampler.start()
-            for body in bodies[1:]:
+            half = len(bodies) // 2
+            for body in bodies[1:half]:
+                client.post("/scored_data", content=body, headers=headers).raise_for_status()
+            time.sleep(0.5)
+            middle = server.rss()
+            for body in bodies[half:]:
                 client.post("/scored_data", content=body, headers=headers).raise_for_status()
             time.sleep(1.0)
             after = server.rss()
@@ -734,7 +739,9 @@ def backlog_row(name: str, shape: Shape, workdir: Path, ours_src: Path = ROOT) -
             status = client.get("/status").json()
     finally:
         server.stop()
-    queued_tokens = shape.envs * shape.groups_per_env * shape.group_size * shape.seq_len
+    group_tokens = shape.group_size * shape.seq_len
+    queued_tokens = shape.envs * shape.groups_per_env * group_tokens
+    second_half_tokens = (len(bodies) - half) * group_tokens
     return {
         "shape": shape.label,
         "server": name,
@@ -745,6 +752,9 @@ def backlog_row(name: str, shape: Shape, workdir: Path, ours_src: Path = ROOT) -
         "rss_peak_mb": peak / 2**20,
         "bytes_per_queued_token": (after - base) / queued_tokens,
         "peak_bytes_per_queued_token": (peak - base) / queued_tokens,
+        # Growth over the second half only: fixed-size buffers (recent groups, caches) that
+        # filled during the first half do not count.
+        "marginal_bytes_per_queued_token": (after - middle) / second_half_tokens,
     }
 
 
@@ -789,14 +799,15 @@ def format_table(rows: list[dict]) -> str:
 def format_backlog(rows: list[dict]) -> str:
     head = (
         f"{'shape':<30} {'server':<12} {'queued tokens':>13} {'RSS base':>9} {'RSS after':>9} "
-        f"{'B/token':>8} {'peak B/token':>12}"
+        f"{'B/token':>8} {'peak B/token':>12} {'2nd-half B/token':>16}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['shape']:<30} {r['server']:<12} {r['queued_tokens']:>13,} "
             f"{r['rss_base_mb']:>9.0f} {r['rss_after_mb']:>9.0f} "
-            f"{r['bytes_per_queued_token']:>8.1f} {r['peak_bytes_per_queued_token']:>12.1f}"
+            f"{r['bytes_per_queued_token']:>8.1f} {r['peak_bytes_per_queued_token']:>12.1f} "
+            f"{r['marginal_bytes_per_queued_token']:>16.1f}"
         )
     return "\n".join(lines)
 
@@ -898,6 +909,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-backlog", action="store_true", help="skip the backlog run")
     parser.add_argument(
+        "--backlog-only", action="store_true", help="only the backlog run (no closed loop)"
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="runs per row; the fastest is kept (busy hosts)"
     )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
@@ -939,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
-        for shape in shapes:
+        for shape in [] if args.backlog_only else shapes:
             for server in servers:
                 for encoding in encodings:
                     if server == "atropos" and encoding != "json":
