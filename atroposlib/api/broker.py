@@ -71,6 +71,8 @@ def _fresh_state() -> dict[str, Any]:
 
 
 class Broker:
+    """Queue, batches and registrations of one broker, kept in step with its store."""
+
     def __init__(self, store: GroupStore, settings: BrokerSettings) -> None:
         self.store = store
         self.settings = settings
@@ -84,6 +86,10 @@ class Broker:
         snapshot = self.store.load()
         self._state = {**_fresh_state(), **snapshot.state}
         self._envs = EnvRegistry(self._state["envs"])
+        saved_trainer = self._state["trainer"]
+        self._trainer = (
+            None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
+        )
         self._fair = FairShareState.from_dict(self._state["fair_share"])
         self._queue: dict[int, GroupMeta] = {}
         self._queued_bytes = 0
@@ -129,8 +135,7 @@ class Broker:
 
     @property
     def trainer(self) -> TrainerRegistration | None:
-        raw = self._state["trainer"]
-        return None if raw is None else TrainerRegistration.model_validate(raw)
+        return self._trainer
 
     def _require_trainer(self) -> TrainerRegistration:
         trainer = self.trainer
@@ -164,6 +169,7 @@ class Broker:
 
     def register_trainer(self, registration: TrainerRegistration) -> int:
         self._state["trainer"] = registration.model_dump()
+        self._trainer = registration
         self._state["trainer_uuid"] = secrets.randbits(63)
         too_large = [k for k, m in self._queue.items() if m.size > registration.batch_size]
         self._drop(too_large, "group_too_large")
