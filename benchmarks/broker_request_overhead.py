@@ -140,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(asyncio.run(_measure(atropos_app, lifespan=False))))
         return 0
-    sys.path.insert(0, str(args.ours_src.resolve()))
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from broker_throughput import ensure_atropos_venv
+    from broker_throughput import ensure_atropos_venv  # puts ROOT on sys.path
+
+    sys.path.insert(0, str(args.ours_src.resolve()))  # so that --ours-src comes first
 
     from atroposlib.api.app import create_app
     from atroposlib.api.settings import BrokerSettings

@@ -181,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.atropos_side:
         print(json.dumps({f"{g},{n},{b}": atropos_stages(g, n, b) for g, n, b in SHAPES}))
         return 0
-    sys.path.insert(0, str(args.ours_src.resolve()))
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from broker_throughput import ensure_atropos_venv
+    from broker_throughput import ensure_atropos_venv  # puts ROOT on sys.path
+
+    sys.path.insert(0, str(args.ours_src.resolve()))  # so that --ours-src comes first
 
     python = ensure_atropos_venv()
     answer = subprocess.run(
