@@ -128,7 +128,8 @@ def _write_report(settings: LocalRunSettings, layout: RunLayout, code: int) -> N
     summary = report.write_summary(
         layout.run_dir / "summary.json", rows, comparison, exit_code=code, steps=settings.steps
     )
-    console.print(json.dumps({k: v for k, v in summary.items() if k != "rewards_by_step"}, indent=1))
+    headline = {k: v for k, v in summary.items() if k != "rewards_by_step"}
+    console.print(json.dumps(headline, indent=1))
     console.print(f"run folder: {layout.run_dir}")
 
 
