@@ -256,6 +256,6 @@ def load_config(argv: list[str] | None = None, **overrides: Any) -> TrainerConfi
     except ValidationError as err:
         raise ConfigError(_one_line(err)) from err
     except SettingsError as err:
-        raise ConfigError(str(err).replace("\n", " ")) from err
+        raise ConfigError(str(err).removeprefix("error parsing CLI: ").replace("\n", " ")) from err
     finally:
         _YAML_FILE.reset(token)

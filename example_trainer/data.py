@@ -260,8 +260,9 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def collate(samples: Sequence[Sample]) -> MicroBatch:
-    b, t = len(samples), max(len(s.tokens) for s in samples)
+def collate(samples: Sequence[Sample], pad_to: int | None = None) -> MicroBatch:
+    """Right-pad to the longest row (or to ``pad_to``, for the naive baseline)."""
+    b, t = len(samples), max(pad_to or 0, *(len(s.tokens) for s in samples))
     ids = np.zeros((b, t), np.int64)
     attn = np.zeros((b, t), np.int64)
     labels = np.full((b, t), MASK_IGNORE_INDEX, np.int64)

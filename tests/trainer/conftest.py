@@ -1,128 +1,18 @@
-"""Fixtures for the trainer tests: a tiny random Llama and plain-dict batches."""
+"""Fixtures for the trainer tests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-import torch
 
-from atroposlib.protocol import TrainerRegistration
+sys.path.insert(0, str(Path(__file__).parent))
 
-VOCAB = 256
-
-
-def tiny_llama(path: Path, seed: int = 0) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+from trainer_helpers import tiny_llama
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised 2-layer Llama (hidden 64, vocab 256) saved as an HF folder."""
     return tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def make_group(
-    rng: np.random.Generator,
-    scores: Sequence[float],
-    prompt_len: int = 6,
-    completion_lens: Sequence[int] | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """One group shaped like a broker batch entry (numpy arrays, all keys present)."""
-    lens = completion_lens or [8] * len(scores)
-    tokens, masks, inf = [], [], []
-    for n in lens:
-        t = rng.integers(1, VOCAB, size=prompt_len + n).astype(np.int32)
-        m = t.copy()
-        m[:prompt_len] = -100
-        tokens.append(t)
-        masks.append(m)
-        lp = np.full(len(t), 1.0, np.float32)
-        lp[prompt_len:] = -rng.uniform(3.0, 8.0, size=n)
-        inf.append(lp)
-    group: dict[str, Any] = {
-        "tokens": tokens,
-        "masks": masks,
-        "scores": list(scores),
-        "advantages": None,
-        "ref_logprobs": None,
-        "messages": None,
-        "generation_params": None,
-        "inference_logprobs": inf,
-        "overrides": None,
-        "group_overrides": None,
-        "images": None,
-        "env_id": 0,
-        "policy_version": None,
-    }
-    group.update(extra)
-    return group
-
-
-def make_batch(seed: int = 0, n_groups: int = 2, group_size: int = 4) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    return [
-        make_group(
-            rng,
-            rng.integers(0, 2, size=group_size).astype(float).tolist()
-            if g
-            else [0.0, 1.0, 1.0, 0.5][:group_size],
-            completion_lens=rng.integers(3, 20, size=group_size).tolist(),
-        )
-        for g in range(n_groups)
-    ]
-
-
-@dataclass
-class FakeBatch:
-    step: int | None
-    groups: list[dict[str, Any]]
-
-
-class ListClient:
-    """In-memory stand-in for TrainerClient: serves batches by step, records acks."""
-
-    def __init__(self, batches: Callable[[int], list[dict[str, Any]]]) -> None:
-        self.batches = batches
-        self.registrations: list[TrainerRegistration] = []
-        self.acks: list[int] = []
-        self.next_step = 1
-
-    def register(self, registration: TrainerRegistration) -> int:
-        self.registrations.append(registration)
-        self.next_step = registration.starting_step + 1
-        return len(self.registrations)
-
-    def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> FakeBatch:
-        step = self.next_step
-        self.next_step += 1
-        return FakeBatch(step, self.batches(step))
-
-    def ack(self, step: int) -> None:
-        self.acks.append(step)
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
-def fixed(groups: Iterable[dict[str, Any]]) -> Callable[[int], list[dict[str, Any]]]:
-    frozen = list(groups)
-    return lambda step: frozen
