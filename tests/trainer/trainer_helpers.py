@@ -13,6 +13,7 @@ import torch
 from atroposlib.protocol import TrainerRegistration
 
 VOCAB = 256
+FAKE_SERVER = Path(__file__).parent / "fake_inference_server.py"
 
 
 def tiny_llama(path: Path, seed: int = 0) -> Path:
@@ -152,3 +153,28 @@ def base_args(model: Path, save_dir: Path, *extra: str) -> list[str]:
         "--batch_size", "8", "--max_token_len", "64", "--micro_batch_tokens", "96",
         *extra,
     ]  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: Any, timeout: float = 120.0) -> None:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).is_success:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    raise TimeoutError(url)
