@@ -74,11 +74,18 @@ def role_advantages(
 # ---------------------------------------------------------------------------------------
 
 
-def token_logprobs(logits: Tensor, targets: Tensor, temperature: Tensor) -> tuple[Tensor, Tensor]:
-    """logits (B, T, V), targets (B, T), temperature (B,) -> logprobs (B, T), entropy (B, T)."""
+def token_logprobs(
+    logits: Tensor, targets: Tensor, temperature: Tensor, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor]:
+    """logits (B, T, V), targets (B, T), temperature (B,) -> logprobs (B, T), entropy (B, T).
+
+    The entropy carries a gradient only with ``entropy_grad`` (an entropy bonus), so the
+    (B, T, V) tensors behind it are not kept for backward when it is only logged.
+    """
     logp_all = F.log_softmax(logits.float() / temperature[:, None, None], dim=-1)  # (B, T, V)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
     return logp, entropy
 
 
