@@ -268,7 +268,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             with no_sync, autocast(cfg, device):
                 logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 logp, entropy = token_logprobs(
-                    logits[:, :-1], mb.targets, mb.temperature
+                    logits[:, :-1], mb.targets, mb.temperature, cfg.loss.entropy_coef > 0
                 )  # (B, T-1)
                 ref_logp = mb.ref_logprobs
                 if ref_logp is None and cfg.loss.kl_coef > 0:
