@@ -121,3 +121,10 @@ def resolve_resume(resume: str | None, save_dir: Path) -> Path | None:
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"resume: {path} has no {STATE_FILE}; pass a step-N folder")
     return path
+
+
+def prune_weights(folder: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` step-N folders (weights pushed to servers)."""
+    steps = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    for old in steps[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

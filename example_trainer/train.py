@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from atroposlib.protocol import TrainerRegistration
 from example_trainer.checkpoint import (
     is_peft,
     load_state,
+    prune_weights,
     resolve_resume,
     save_checkpoint,
     save_weights,
@@ -52,6 +52,7 @@ from example_trainer.data import (
     shard_plan,
 )
 from example_trainer.loss import LossInputs, grpo_loss, token_logprobs
+from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
 logger = logging.getLogger("example_trainer")
@@ -64,14 +65,6 @@ class BatchSource(Protocol):
     def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Any: ...
     def ack(self, step: int) -> Any: ...
     def close(self) -> None: ...
-
-
-class NullTracker:
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        """No tracker configured."""
-
-    def finish(self) -> None:
-        """No tracker configured."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,19 +150,6 @@ def broadcast(obj: Any, world: int) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def make_tracker(cfg: TrainerConfig, rank: int) -> Any:
-    if rank != 0 or not cfg.wandb.enabled:
-        return NullTracker()
-    import wandb
-
-    return wandb.init(
-        project=cfg.wandb.project,
-        group=cfg.wandb.group,
-        name=cfg.wandb.name,
-        config=cfg.model_dump(mode="json"),
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -366,7 +346,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             )
             if report.failed:
                 logger.error("weight sync step %d failed for %s", step, report.failed)
-            _prune(cfg.save_dir / "weights", keep=2)
+            prune_weights(cfg.save_dir / "weights", keep=2)
         if world > 1:
             dist.barrier()
 
@@ -386,12 +366,6 @@ def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -
             with unwrap(model).disable_adapter():  # type: ignore[operator]
                 logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         return token_logprobs(logits[:, :-1], mb.targets, mb.temperature)[0]
-
-
-def _prune(folder: Path, keep: int) -> None:
-    steps = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-    for old in steps[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
