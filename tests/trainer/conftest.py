@@ -38,3 +38,23 @@ def fake_server(tiny_model: Path, subprocess_env: dict[str, str]) -> Iterator[Ca
     for proc in procs:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def service(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]:
+    """Start ``python -m <module> ... --port N`` on a free port; yields a starter -> base URL."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(module: str, *args: str, timeout: float = 180.0) -> str:
+        port = free_port()
+        cmd = [sys.executable, "-m", module, *args, "--port", str(port)]
+        proc = subprocess.Popen(cmd, env=subprocess_env)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc, timeout)
+        return url
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
