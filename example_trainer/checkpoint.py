@@ -12,12 +12,20 @@ import logging
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.optim import Optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +44,51 @@ def is_peft(model: nn.Module) -> bool:
     return hasattr(model, "peft_config")
 
 
-def save_weights(model: nn.Module, path: Path, tokenizer: Any = None, merged: bool = True) -> None:
-    """Write an HF folder. A peft model writes its adapter, or (merged=True) full weights."""
+@dataclass
+class FullState:
+    """Model and optimizer state to write; ``model`` is None when the module holds it whole."""
+
+    model: dict[str, Tensor] | None
+    optimizer: dict[str, Any]
+
+
+def gather_full_state(model: nn.Module, optimizer: Optimizer | None, sharded: bool) -> FullState:
+    """Under FSDP a collective (every rank calls it; rank 0 gets full CPU tensors)."""
+    if not sharded:
+        return FullState(None, optimizer.state_dict() if optimizer is not None else {})
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optim = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer else {}
+    return FullState(get_model_state_dict(model, options=opts), optim)
+
+
+def load_optimizer_state(
+    model: nn.Module, optimizer: Optimizer, state: dict[str, Any], sharded: bool
+) -> None:
+    if sharded:
+        opts = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=opts)
+    else:
+        optimizer.load_state_dict(state)
+
+
+def save_weights(
+    model: nn.Module,
+    path: Path,
+    tokenizer: Any = None,
+    merged: bool = True,
+    state_dict: dict[str, Tensor] | None = None,
+) -> None:
+    """Write an HF folder. A peft model writes its adapter, or (merged=True) full weights.
+
+    ``state_dict`` (gathered from FSDP shards) replaces the module's own tensors.
+    """
     model = unwrap(model)
     path.mkdir(parents=True, exist_ok=True)
     if is_peft(model) and merged:
         full = copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
         full.save_pretrained(path, safe_serialization=True)
     else:
-        model.save_pretrained(path, safe_serialization=True)  # type: ignore[operator]
+        model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)  # type: ignore[operator]
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
 
@@ -72,7 +116,7 @@ def save_checkpoint(
     save_dir: Path,
     step: int,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    full: FullState,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokenizer: Any = None,
     extra: dict[str, Any] | None = None,
@@ -80,10 +124,10 @@ def save_checkpoint(
     final = save_dir / f"step-{step}"
     tmp = save_dir / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_weights(model, tmp, tokenizer, merged=False)
+    save_weights(model, tmp, tokenizer, merged=False, state_dict=full.model)
     state = {
         "step": step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": full.optimizer,
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
         **(extra or {}),

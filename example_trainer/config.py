@@ -11,7 +11,6 @@ import contextvars
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -23,6 +22,7 @@ from pydantic_settings import (
 
 from atroposlib.errors import ConfigError
 
+FULL_SYNC = ("disk", "vllm_restart")
 _YAML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml", default=None)
 
 
@@ -177,7 +177,7 @@ class TrainerConfig(BaseSettings):
         "auto", description="auto: bf16 autocast on GPUs that support it, else fp32."
     )
     parallel: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="Multi-process strategy under torchrun (fsdp needs CUDA)."
+        "ddp", description="Multi-process strategy under torchrun: DDP or FSDP2 (gloo on CPU)."
     )
     loss: LossConfig = Field(default_factory=LossConfig, description="Loss options.")  # type: ignore[arg-type]
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA options.")  # type: ignore[arg-type]
@@ -219,8 +219,11 @@ class TrainerConfig(BaseSettings):
             )
         if self.warmup_steps >= self.num_steps and self.warmup_steps > 0:
             raise ValueError("warmup_steps must be below num_steps; lower --warmup_steps")
-        if self.parallel == "fsdp" and not torch.cuda.is_available():
-            raise ValueError("parallel=fsdp needs CUDA; use --parallel ddp on CPU")
+        if self.parallel == "fsdp" and self.lora.enabled and self.weight_sync in FULL_SYNC:
+            raise ValueError(
+                f"weight_sync={self.weight_sync} needs merged LoRA weights, which are not "
+                "gathered from FSDP shards; use --parallel ddp or --weight_sync lora"
+            )
         return self
 
     @property

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,8 @@ from torch import nn
 from atroposlib.errors import ConfigError
 from atroposlib.protocol import TrainerRegistration
 from example_trainer.checkpoint import (
-    is_peft,
+    gather_full_state,
+    load_optimizer_state,
     load_state,
     prune_weights,
     resolve_resume,
@@ -51,6 +51,7 @@ from example_trainer.data import (
     plan_microbatches,
     shard_plan,
 )
+from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss, token_logprobs
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
@@ -70,18 +71,6 @@ class BatchSource(Protocol):
 # ---------------------------------------------------------------------------------------
 # Setup helpers
 # ---------------------------------------------------------------------------------------
-
-
-def init_distributed() -> tuple[int, int, torch.device]:
-    """-> (rank, world size, device); a no-op outside torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return (dist.get_rank() if world > 1 else 0), world, device
 
 
 def load_model(cfg: TrainerConfig, resume_from: Path | None, device: torch.device) -> nn.Module:
@@ -143,15 +132,6 @@ def autocast(cfg: TrainerConfig, device: torch.device) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def broadcast(obj: Any, world: int) -> Any:
-    """Rank 0's object on every rank."""
-    if world == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 # ---------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------
@@ -174,7 +154,10 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         ref_name = cfg.ref_model or cfg.model
         ref_model = AutoModelForCausalLM.from_pretrained(ref_name, dtype=torch.float32).to(device)
         ref_model.requires_grad_(False).eval()
-    if world > 1:
+    sharded = world > 1 and cfg.parallel == "fsdp"
+    if sharded:
+        shard_model(model)
+    elif world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -182,7 +165,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     start_step, role_baselines = 0, {}
     if resume_from is not None:
         state = load_state(resume_from)
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(model, optimizer, state["optimizer"], sharded)
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start_step, role_baselines = state["step"], state.get("role_baselines", {})
@@ -244,8 +227,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             dummy = k >= len(mine)  # keeps ranks in step for DDP's gradient all-reduce
             mb = collate([samples[i] for i in (mine[k] if not dummy else [0])]).to(device)
             last = k == n_micro - 1
-            no_sync = model.no_sync() if world > 1 and not last else contextlib.nullcontext()  # type: ignore[operator]
-            with no_sync, autocast(cfg, device):
+            with grad_sync(model, enabled=last), autocast(cfg, device):
                 logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 logp, entropy = token_logprobs(
                     logits[:, :-1], mb.targets, mb.temperature, cfg.loss.entropy_coef > 0
@@ -322,12 +304,13 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
 
         # ---- save + acknowledge, then push weights ----------------------------------------
         if step % cfg.save_interval == 0 or step == cfg.num_steps:
+            full = gather_full_state(model, optimizer, sharded)  # collective under FSDP
             if rank == 0:
                 save_checkpoint(
                     cfg.save_dir,
                     step,
                     model,
-                    optimizer,
+                    full,
                     scheduler,
                     tokenizer,
                     extra={"role_baselines": role_baselines, "config": cfg.model_dump(mode="json")},
@@ -335,11 +318,11 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 client.ack(step)  # type: ignore[union-attr]
             if world > 1:
                 dist.barrier()
+        if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
+            weights = gather_full_state(model, None, sharded).model  # collective under FSDP
         if rank == 0 and cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
             folder = cfg.save_dir / "weights" / f"step-{step}"
-            save_weights(
-                model, folder, tokenizer, merged=sync.writes == "full" or not is_peft(unwrap(model))
-            )
+            save_weights(model, folder, tokenizer, sync.writes == "full", state_dict=weights)
             report = sync.push(folder, step)
             tracker.log(
                 {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}, step=step

@@ -36,15 +36,21 @@ def test_precedence_cli_over_env_over_yaml_over_defaults(
     assert cfg.max_token_len == TrainerConfig.model_fields["max_token_len"].default
 
 
+URLS = ("--inference_urls", '["http://h:1"]')
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--weight_sync", "lora", "--inference_urls", '["http://h:1"]'], "set --lora.enabled"),
+        (["--weight_sync", "lora", *URLS], "set --lora.enabled"),
         (["--weight_sync", "disk"], "--inference_urls"),
         (["--micro_batch_tokens", "100"], "raise --micro_batch_tokens"),
         (["--loss.is_mask_low", "3"], "widen the bounds"),
         (["--warmup_steps", "200", "--num_steps", "100"], "lower --warmup_steps"),
-        (["--parallel", "fsdp"], "use --parallel ddp"),
+        (
+            [*("--parallel", "fsdp", "--lora.enabled", "--weight_sync", "disk"), *URLS],
+            "use --parallel ddp or --weight_sync lora",
+        ),
         (["--lr", "-1"], "lr: Input should be greater than 0"),
         (["--bogus", "1"], "unrecognized arguments: --bogus"),
     ],
