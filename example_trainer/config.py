@@ -165,6 +165,9 @@ class TrainerConfig(BaseSettings):
     inference_urls: list[str] = Field(
         default_factory=list, description="Inference servers to update (base URLs)."
     )
+    inference_api_key: str | None = Field(
+        None, description="Bearer token for the inference servers' weight endpoints."
+    )
     sync_interval: int = Field(1, gt=0, description="Push weights every N steps.")
     sync_retries: int = Field(3, ge=0, description="Retries per server for a failed weight push.")
     sync_timeout: float = Field(300.0, gt=0, description="Seconds per weight-push request.")

@@ -180,6 +180,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         timeout=cfg.sync_timeout,
         vllm_command=cfg.vllm_command,
         adapter_name=cfg.lora.adapter_name,
+        api_key=cfg.inference_api_key,
     )
     if rank == 0:
         if client is None:

@@ -48,24 +48,37 @@ class WeightSync(Protocol):
     def close(self) -> None: ...
 
 
+_FINAL_STATUSES = {400, 401, 403, 404, 405, 413, 422}
+
+
 def _post_until_ok(
     client: httpx.Client, url: str, body: dict[str, Any], retries: int, backoff: float
 ) -> str | None:
-    """POST until a 2xx whose JSON does not say success=false; None, or the last error."""
+    """POST until a 2xx whose JSON does not say success=false; None, or the last error.
+
+    Connection errors, timeouts and 5xx are retried with exponential backoff; a refusal
+    (success=false, or a 4xx such as 400 for a bad model_path) is final at once.
+    """
     error = "not attempted"
     for attempt in range(retries + 1):
+        final = False
         try:
             response = client.post(url, json=body)
+            payload = response.json() if response.is_success and response.content else {}
+            if response.is_success and (
+                not isinstance(payload, dict) or payload.get("success", True)
+            ):
+                return None
             if response.is_success:
-                payload = response.json() if response.content else {}
-                if not isinstance(payload, dict) or payload.get("success", True):
-                    return None
-                error = f"success=false: {payload.get('message')}"
+                error, final = f"success=false: {payload.get('message')}", True
             else:
                 error = f"HTTP {response.status_code}: {response.text[:200]}"
+                final = response.status_code in _FINAL_STATUSES
         except (httpx.HTTPError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         logger.warning("weight push to %s failed (attempt %d): %s", url, attempt + 1, error)
+        if final:
+            break
         if attempt < retries:
             time.sleep(backoff * 2**attempt)
     return error
@@ -82,11 +95,13 @@ class _HttpSync:
         retries: int = 3,
         timeout: float = 300.0,
         backoff: float = 0.5,
+        api_key: str | None = None,
         http_client: httpx.Client | None = None,
     ) -> None:
         self.urls = [u.rstrip("/") for u in urls]
         self.retries, self.backoff = retries, backoff
-        self.client = http_client or httpx.Client(timeout=timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = http_client or httpx.Client(timeout=timeout, headers=headers)
 
     def start(self, model_path: str) -> None:
         """Servers are started by the user; nothing to do."""
@@ -233,14 +248,14 @@ def make_weight_sync(
     timeout: float = 300.0,
     vllm_command: str = "",
     adapter_name: str = "atropos",
+    api_key: str | None = None,
     http_client: httpx.Client | None = None,
 ) -> WeightSync:
+    http = {"retries": retries, "timeout": timeout, "api_key": api_key, "http_client": http_client}
     if mode == "disk":
-        return DiskReload(urls, retries=retries, timeout=timeout, http_client=http_client)
+        return DiskReload(urls, **http)  # type: ignore[arg-type]
     if mode == "lora":
-        return LoraHotLoad(
-            urls, adapter_name, retries=retries, timeout=timeout, http_client=http_client
-        )
+        return LoraHotLoad(urls, adapter_name, **http)
     if mode == "vllm_restart":
         return VllmRestart(urls, vllm_command, retries=retries, ready_timeout=timeout)
     return NoSync()

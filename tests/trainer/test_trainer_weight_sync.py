@@ -18,7 +18,7 @@ from trainer_helpers import FAKE_SERVER, ListClient, base_args, fixed, free_port
 from example_trainer.checkpoint import save_weights
 from example_trainer.config import load_config
 from example_trainer.train import train
-from example_trainer.weight_sync import DiskReload, VllmRestart
+from example_trainer.weight_sync import DiskReload, LoraHotLoad, VllmRestart, make_weight_sync
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 8]
 
@@ -47,6 +47,7 @@ def test_disk_sync_updates_every_server_and_changes_outputs(
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step-2", "step-3"]
 
 
+@pytest.mark.slow
 def test_failed_pushes_are_retried_then_reported(
     fake_server: Callable[..., str], tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -107,3 +108,29 @@ def test_vllm_restart_serves_the_new_checkpoint(
         procs = list(sync.procs.values())
         sync.close()
     assert all(p.poll() is not None for p in procs)
+
+
+def test_refusals_are_final_and_outages_are_retried(tmp_path: Path) -> None:
+    calls: list[httpx.Request] = []
+    answers = iter([httpx.Response(503), httpx.Response(200, json={"success": True})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if "bad" in request.url.host:
+            return httpx.Response(400, json={"detail": "model_path: not a model folder"})
+        return next(answers)
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    sync = DiskReload(["http://good", "http://bad"], retries=3, backoff=0.0, http_client=http)
+    report = sync.push(tmp_path, step=4)
+    assert report.updated == ["http://good"] and "HTTP 400" in report.failed["http://bad"]
+    assert [c.url.host for c in calls] == ["good", "good", "bad"]  # 503 retried, 400 not
+    assert calls[0].read() == f'{{"model_path":"{tmp_path.resolve()}"}}'.encode()
+
+
+def test_api_key_is_sent_as_bearer_token() -> None:
+    sync = make_weight_sync("lora", ["http://h"], api_key="s3cret", adapter_name="p")
+    assert isinstance(sync, LoraHotLoad)
+    assert sync.client.headers["authorization"] == "Bearer s3cret"
+    assert sync.body(Path("/x"), 1) == {"lora_name": "p", "lora_path": "/x", "load_inplace": True}
+    sync.close()
