@@ -8,7 +8,7 @@ from example_trainer.config import TrainerConfig
 
 
 class NullTracker:
-    def log(self, metrics: dict[str, float], step: int) -> None:
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         """No tracker configured."""
 
     def finish(self) -> None:

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -108,7 +109,7 @@ def load_tokenizer(name: str) -> Any:
         return None
 
 
-def lr_lambda(cfg: TrainerConfig) -> Any:
+def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
@@ -252,7 +253,8 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             for key, value in metrics.items():
                 sums[key] = sums.get(key, torch.zeros((), device=device)) + value
         grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
+        if totals.tokens > 0:  # an all-masked batch would still move AdamW's momentum
+            optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -278,6 +280,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/ref_kl": total["ref_kl"] / max(total["rl_tokens"], 1.0),
             "train/sft_nll": total["sft_nll"] / max(total["sft_tokens"], 1.0),
             "train/trained_tokens": total["tokens"],
+            "train/skipped": float(totals.tokens == 0),
             "train/tokens_per_s": seq_tokens / elapsed,
             "train/padding_frac": 1.0 - seq_tokens / max(1, padded_tokens(plan, lengths)),
             "train/data_wait_s": t_data,
@@ -321,16 +324,15 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 dist.barrier()
         if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
             weights = gather_full_state(model, None, sharded).model  # collective under FSDP
-        if rank == 0 and cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
-            folder = cfg.save_dir / "weights" / f"step-{step}"
-            save_weights(model, folder, tokenizer, sync.writes == "full", state_dict=weights)
-            report = sync.push(folder, step)
-            tracker.log(
-                {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}, step=step
-            )
-            if report.failed:
-                logger.error("weight sync step %d failed for %s", step, report.failed)
-            prune_weights(cfg.save_dir / "weights", keep=2)
+            if rank == 0:
+                folder = cfg.save_dir / "weights" / f"step-{step}"
+                save_weights(model, folder, tokenizer, sync.writes == "full", state_dict=weights)
+                report = sync.push(folder, step)
+                sync_row = {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}
+                tracker.log(sync_row, step=step)
+                if report.failed:
+                    logger.error("weight sync step %d failed for %s", step, report.failed)
+                prune_weights(cfg.save_dir / "weights", keep=2)
         if world > 1:
             dist.barrier()
 
@@ -347,8 +349,9 @@ def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -
         if ref_model is not None:
             logits = ref_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         else:
-            with unwrap(model).disable_adapter():  # type: ignore[operator]
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            peft_model = unwrap(model)  # no DDP hooks for a forward without backward
+            with peft_model.disable_adapter():  # type: ignore[operator]
+                logits = peft_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         return token_logprobs(logits[:, :-1], mb.targets, mb.temperature)[0]
 
 

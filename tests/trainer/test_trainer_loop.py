@@ -105,3 +105,15 @@ def test_lora_trains_adapters_and_resumes(tiny_model: Path, tmp_path: Path) -> N
     more = train(load_config([*args, "--num_steps", "3", "--resume", "auto"]), resumed)
     assert resumed.registrations[0].starting_step == 2 and len(more) == 1
     assert math.isfinite(more[0]["train/loss"])
+
+
+def test_a_batch_with_nothing_to_train_leaves_the_weights(tiny_model: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    flat = [make_group(np.random.default_rng(i), [1.0] * 4) for i in range(2)]  # zero variance
+    batches = {1: make_batch(seed=11), 2: flat}
+    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--save_interval", "1")
+    history = train(load_config(args), ListClient(lambda step: batches[step]))
+    assert history[1]["train/skipped"] == 1.0 and history[1]["train/zero_variance_groups"] == 2
+    a, b = state_dict_of(tmp_path / "step-1"), state_dict_of(tmp_path / "step-2")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # AdamW momentum did not move them
