@@ -117,3 +117,25 @@ def test_a_batch_with_nothing_to_train_leaves_the_weights(tiny_model: Path, tmp_
     assert history[1]["train/skipped"] == 1.0 and history[1]["train/zero_variance_groups"] == 2
     a, b = state_dict_of(tmp_path / "step-1"), state_dict_of(tmp_path / "step-2")
     assert all(torch.equal(a[k], b[k]) for k in a)  # AdamW momentum did not move them
+
+
+def test_gradient_checkpointing_keeps_the_update(tiny_model: Path, tmp_path: Path) -> None:
+    batch = make_batch(seed=12)
+    for name, flags in (("ref", []), ("ckpt", ["--gradient_checkpointing"])):
+        args = base_args(tiny_model, tmp_path / name, "--num_steps", "1", *flags)
+        train(load_config(args), ListClient(fixed(batch)))
+    a, b = state_dict_of(tmp_path / "ref" / "step-1"), state_dict_of(tmp_path / "ckpt" / "step-1")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+
+
+def test_bf16_autocast_is_close_to_fp32(tiny_model: Path, tmp_path: Path) -> None:
+    batch = make_batch(seed=12)
+    rows = []
+    for name, flags in (("fp32", ["--precision", "fp32"]), ("bf16", ["--precision", "bf16"])):
+        args = base_args(tiny_model, tmp_path / name, "--num_steps", "1", *flags)
+        rows.append(train(load_config(args), ListClient(fixed(batch)))[0])
+    fp32, bf16 = rows
+    assert bf16["train/entropy"] != fp32["train/entropy"]  # autocast did run in bf16
+    assert bf16["train/entropy"] == pytest.approx(fp32["train/entropy"], rel=1e-2)
+    assert bf16["train/grad_norm"] == pytest.approx(fp32["train/grad_norm"], rel=5e-2)
