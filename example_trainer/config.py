@@ -134,6 +134,9 @@ class TrainerConfig(BaseSettings):
     )
     broker_url: str = Field("http://localhost:8000", description="atroposlib broker base URL.")
     broker_api_key: str | None = Field(None, description="Bearer token for the broker.")
+    broker_patience_s: float = Field(
+        600.0, ge=0, description="How long to wait out a broker outage before giving up."
+    )
     batch_size: int = Field(32, gt=0, description="Sequences per optimizer step.")
     max_token_len: int = Field(2048, gt=1, description="Longest sequence the trainer accepts.")
     micro_batch_tokens: int = Field(

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from atroposlib.errors import ConfigError
+from atroposlib.errors import BrokerError, BrokerUnavailableError, ConfigError
 from atroposlib.protocol import TrainerRegistration
 from example_trainer.checkpoint import (
     gather_full_state,
@@ -209,7 +209,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     for step in range(start_step + 1, cfg.num_steps + 1):
         # ---- pull a batch and turn it into samples ----------------------------------------
         t0 = time.perf_counter()
-        batch = client.wait_for_batch() if client is not None else None
+        batch = pull_batch(client, cfg.broker_patience_s) if client is not None else None
         groups = broadcast(batch.groups if batch is not None else None, world)
         if rank == 0 and batch.step is not None and batch.step != step:
             logger.warning("broker sent batch for step %s while training step %d", batch.step, step)
@@ -343,6 +343,20 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     return history
 
 
+def pull_batch(client: BatchSource, patience_s: float) -> Any:
+    """The next batch; broker outages are waited out (with backoff) for up to patience_s."""
+    deadline, delay = time.monotonic() + patience_s, 1.0
+    while True:
+        try:
+            return client.wait_for_batch()
+        except BrokerUnavailableError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            logger.warning("broker unavailable (%s); retrying in %.0f s", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
 def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -> torch.Tensor:
     """Reference logprobs (B, T-1): the frozen model, or the LoRA base with adapters off."""
     with torch.no_grad():
@@ -364,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"atropos-grpo: error: {exc}", file=sys.stderr)
         return 2
-    train(cfg)
+    try:
+        train(cfg)
+    except BrokerError as exc:  # unreachable or refusing broker: one line, not a traceback
+        logger.error("%s (broker_url=%s)", exc, cfg.broker_url)
+        return 1
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

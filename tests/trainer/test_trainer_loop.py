@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,3 +140,22 @@ def test_bf16_autocast_is_close_to_fp32(tiny_model: Path, tmp_path: Path) -> Non
     assert bf16["train/entropy"] != fp32["train/entropy"]  # autocast did run in bf16
     assert bf16["train/entropy"] == pytest.approx(fp32["train/entropy"], rel=1e-2)
     assert bf16["train/grad_norm"] == pytest.approx(fp32["train/grad_norm"], rel=5e-2)
+
+
+def test_broker_outages_are_waited_out(tiny_model: Path, tmp_path: Path) -> None:
+    from atroposlib.errors import BrokerUnavailableError
+
+    class Flaky(ListClient):
+        failures = 1
+
+        def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise BrokerUnavailableError("broker at http://x unreachable")
+            return super().wait_for_batch(poll_interval, timeout)
+
+    args = base_args(tiny_model, tmp_path, "--num_steps", "1", "--broker_patience_s", "30")
+    history = train(load_config(args), Flaky(fixed(make_batch(seed=13))))
+    assert len(history) == 1
+    with pytest.raises(BrokerUnavailableError):  # past the patience: the error surfaces
+        train(load_config([*args, "--broker_patience_s", "0"]), Flaky(fixed(make_batch())))
