@@ -14,7 +14,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 def unwrap(model: nn.Module) -> nn.Module:
     """The module under DDP / torch.compile wrappers."""
     while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = getattr(model, "module", None) or model._orig_mod
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        model = cast(nn.Module, inner)
     return model
 
 
@@ -58,7 +59,7 @@ def gather_full_state(model: nn.Module, optimizer: Optimizer | None, sharded: bo
         return FullState(None, optimizer.state_dict() if optimizer is not None else {})
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     optim = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer else {}
-    return FullState(get_model_state_dict(model, options=opts), optim)
+    return FullState(dict(get_model_state_dict(model, options=opts)), optim)  # type: ignore[arg-type]
 
 
 def load_optimizer_state(
@@ -140,7 +141,8 @@ def save_checkpoint(
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)  # type: ignore[no-any-return]
+    state: dict[str, Any] = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    return state
 
 
 def latest_checkpoint(save_dir: Path) -> Path | None:

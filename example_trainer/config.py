@@ -185,9 +185,9 @@ class TrainerConfig(BaseSettings):
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="Multi-process strategy under torchrun: DDP or FSDP2 (gloo on CPU)."
     )
-    loss: LossConfig = Field(default_factory=LossConfig, description="Loss options.")  # type: ignore[arg-type]
-    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA options.")  # type: ignore[arg-type]
-    wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb options.")  # type: ignore[arg-type]
+    loss: LossConfig = Field(default_factory=LossConfig, description="Loss options.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA options.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb options.")
 
     @classmethod
     def settings_customise_sources(

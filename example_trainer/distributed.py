@@ -50,5 +50,5 @@ def grad_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextMana
     if isinstance(model, nn.parallel.DistributedDataParallel) and not enabled:
         return model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(enabled)
+        getattr(model, "set_requires_gradient_sync")(enabled)  # noqa: B009
     return contextlib.nullcontext()

@@ -78,7 +78,7 @@ def load_model(cfg: TrainerConfig, resume_from: Path | None, device: torch.devic
     from transformers import AutoModelForCausalLM
 
     weights = resume_from if (resume_from is not None and not cfg.lora.enabled) else cfg.model
-    model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32)
     model.config.use_cache = False
     if cfg.lora.enabled:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -153,8 +153,8 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         from transformers import AutoModelForCausalLM
 
         ref_name = cfg.ref_model or cfg.model
-        ref_model = AutoModelForCausalLM.from_pretrained(ref_name, dtype=torch.float32).to(device)
-        ref_model.requires_grad_(False).eval()
+        ref: Any = AutoModelForCausalLM.from_pretrained(ref_name, dtype=torch.float32)
+        ref_model = ref.to(device).requires_grad_(False).eval()
     sharded = world > 1 and cfg.parallel == "fsdp"
     if sharded:
         shard_model(model)
@@ -211,7 +211,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         t0 = time.perf_counter()
         batch = pull_batch(client, cfg.broker_patience_s) if client is not None else None
         groups = broadcast(batch.groups if batch is not None else None, world)
-        if rank == 0 and batch.step is not None and batch.step != step:
+        if batch is not None and batch.step is not None and batch.step != step:
             logger.warning("broker sent batch for step %s while training step %d", batch.step, step)
         t_data = time.perf_counter() - t0
         samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
