@@ -95,7 +95,9 @@ def load_model(cfg: TrainerConfig, resume_from: Path | None, device: torch.devic
             )
             model = get_peft_model(model, lora)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
     return model.to(device)
 
 
