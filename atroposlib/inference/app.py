@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
@@ -34,6 +35,8 @@ def create_app(settings: InferenceSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)
         runner = await asyncio.to_thread(
             ModelRunner, settings.model, settings.device, settings.dtype
         )
