@@ -99,3 +99,18 @@ def test_stop_strings_cut_the_text_and_stop_the_row(runner: ModelRunner) -> None
     run_to_end(runner, runner.prefill([seq]))
     assert seq.finish_reason == "stop" and seq.matched_stop == "3 ="
     assert seq.text == "2 + "
+
+
+def test_a_shared_prompt_is_run_once_and_each_row_samples_on_its_own(runner: ModelRunner) -> None:
+    prompt = chat(runner, "Name a colour.")
+    rows = [
+        Sequence(prompt, SamplingParams(max_new_tokens=5, temperature=1.0, seed=s, ignore_eos=True))
+        for s in range(4)
+    ]
+    rows.append(Sequence(chat(runner, "Hi"), SamplingParams(max_new_tokens=5, temperature=0)))
+    batch = runner.prefill(rows)
+    assert batch.cache.layers[0].keys.shape[0] == 5  # type: ignore[union-attr]
+    run_to_end(runner, batch)
+    assert len({tuple(row.output_ids) for row in rows[:4]}) > 1
+    for seq in rows:
+        assert torch.allclose(torch.tensor(seq.logprobs), forward_logprobs(runner, seq), atol=1e-3)
