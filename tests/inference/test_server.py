@@ -191,7 +191,7 @@ def test_concurrent_clients_get_their_own_answers(client: httpx.Client, referenc
     bodies = [
         {
             "input_ids": chat_ids(reference, q),
-            "sampling_params": {"max_new_tokens": 12 + 3 * i, "temperature": 0},
+            "sampling_params": {"max_new_tokens": 8 + 2 * i, "temperature": 0},
         }
         for i, q in enumerate(questions)
     ]

@@ -81,3 +81,46 @@ def test_new_weights_change_outputs_and_bump_the_version(
     again = greedy(client)
     assert again["output_ids"] == original["output_ids"]
     assert again["meta_info"]["weight_version"] == 2
+
+
+@pytest.fixture(scope="module")
+def lora_adapter(test_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEFT LoRA adapter with random (non-zero) weights for the test model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(test_model_path, dtype="float32")
+    config = LoraConfig(
+        r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    folder = tmp_path_factory.mktemp("lora")
+    get_peft_model(model, config).save_pretrained(folder)
+    return folder
+
+
+def test_lora_adapter_is_merged_and_served_under_its_name(
+    client: httpx.Client, lora_adapter: Path, tmp_path: Path
+) -> None:
+    base = greedy(client)
+    version = base["meta_info"]["weight_version"]
+    refused = client.post(
+        "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)}
+    )
+    assert refused.status_code == 400 and "adapter_config.json" in refused.json()["detail"]
+
+    body = {"lora_name": "adapted", "lora_path": str(lora_adapter)}
+    loaded = client.post("/v1/load_lora_adapter", json=body)
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["weight_version"] == version + 1
+    assert "adapted" in [card["id"] for card in client.get("/v1/models").json()["data"]]
+    request = {
+        "model": "adapted",
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    completion = client.post("/v1/completions", json=request)
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["choices"][0]["token_ids"] != base["output_ids"]
