@@ -15,7 +15,9 @@ from atroposlib.protocol import ChatCompletionResponse, CompletionResponse, Gene
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 
-def chat(client: httpx.Client, question: str, **extra: Any) -> ChatCompletionResponse:
+def chat(
+    client: httpx.Client, question: str | list[dict[str, str]], **extra: Any
+) -> ChatCompletionResponse:
     body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": question}], **extra}
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
@@ -64,7 +66,8 @@ def test_health_and_models(client: httpx.Client) -> None:
 
 
 def test_greedy_arithmetic_answers_five(client: httpx.Client) -> None:
-    answer = chat(client, "What is 2+3?", temperature=0, max_tokens=30)
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+3?"}]
+    answer = chat(client, parts, temperature=0, max_tokens=30)
     choice = answer.choices[0]
     assert "5" in choice.message.content
     assert choice.finish_reason == "stop"
@@ -231,6 +234,15 @@ def test_concurrent_clients_get_their_own_answers(client: httpx.Client, referenc
             "role",
         ),
         ("/v1/chat/completions", {"model": SERVED_NAME, "messages": []}, 422, "messages"),
+        (
+            "/v1/chat/completions",
+            {
+                "model": SERVED_NAME,
+                "messages": [{"role": "user", "content": [{"type": "image_url"}]}],
+            },
+            400,
+            "messages[0].content",
+        ),
         (
             "/generate",
             {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8192}},
