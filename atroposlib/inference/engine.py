@@ -80,6 +80,8 @@ class ModelRunner:
         """
         unique: dict[tuple[int, ...], int] = {}
         for row in rows:
+            if row.params.seed is not None and row.generator is None:
+                row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
             unique.setdefault(tuple(row.prompt_ids), len(unique))
         prompts = list(unique)
         width = max(len(prompt) for prompt in prompts)
@@ -106,7 +108,8 @@ class ModelRunner:
             )
             cache.batch_select_indices(source)
             mask, logits = mask[source], logits[source]
-        batch = ActiveBatch(rows, cache, mask, torch.zeros(len(rows), dtype=torch.long))
+        first = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
+        batch = ActiveBatch(rows, cache, mask, first)
         self._sample_into(batch, logits)
         return batch
 
@@ -116,9 +119,9 @@ class ModelRunner:
         ones = batch.attention_mask.new_ones((len(batch), 1))
         batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
         out = self.model(
-            input_ids=batch.next_tokens.unsqueeze(1).to(self.device),
+            input_ids=batch.next_tokens.unsqueeze(1),
             attention_mask=batch.attention_mask,
-            position_ids=batch.positions.unsqueeze(1).to(self.device),
+            position_ids=batch.positions.unsqueeze(1),
             past_key_values=batch.cache,
             use_cache=True,
         )
@@ -128,7 +131,7 @@ class ModelRunner:
     def _sample_into(self, batch: ActiveBatch, logits: torch.Tensor) -> None:
         params = [row.params for row in batch.rows]
         sampled = sample_next(logits, params, [row.generator for row in batch.rows])
-        batch.next_tokens = torch.tensor(sampled.token_ids, dtype=torch.long)
+        batch.next_tokens = torch.tensor(sampled.token_ids, dtype=torch.long, device=logits.device)
         for i, row in enumerate(batch.rows):
             row.output_ids.append(sampled.token_ids[i])
             row.logprobs.append(sampled.logprobs[i])
