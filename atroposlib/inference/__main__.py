@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
         reasons = "; ".join(
             f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
             if e["loc"]
-            else e["msg"]
+            else e["msg"].removeprefix("Value error, ")
             for e in error.errors()
         )
         sys.stderr.write(f"atropos-inference: {reasons}\n")

@@ -22,9 +22,7 @@ class Sequence:
     def __init__(self, prompt_ids: list[int], params: SamplingParams) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
+        self.generator: torch.Generator | None = None  # seeded on the model's device at prefill
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []

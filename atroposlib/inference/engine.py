@@ -74,13 +74,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, rows: list[Sequence]) -> ActiveBatch:
-        """Run the prompts of ``rows`` (left-padded) and sample each row's first token."""
-        width = max(len(row.prompt_ids) for row in rows)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
-            mask[i, width - len(row.prompt_ids) :] = 1
+        """Run the prompts of ``rows`` (left-padded) and sample each row's first token.
+
+        A prompt shared by several rows (``n > 1``) is run once; its cache is copied per row.
+        """
+        unique: dict[tuple[int, ...], int] = {}
+        for row in rows:
+            if row.params.seed is not None and row.generator is None:
+                row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
+            unique.setdefault(tuple(row.prompt_ids), len(unique))
+        prompts = list(unique)
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
@@ -92,8 +101,16 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=1,
         )
-        batch = ActiveBatch(rows, cache, mask, torch.zeros(len(rows), dtype=torch.long))
-        self._sample_into(batch, out.logits[:, -1, :])
+        logits = out.logits[:, -1, :]  # (unique prompts, V)
+        if len(prompts) < len(rows):
+            source = torch.tensor(
+                [unique[tuple(row.prompt_ids)] for row in rows], device=ids.device
+            )
+            cache.batch_select_indices(source)
+            mask, logits = mask[source], logits[source]
+        first = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
+        batch = ActiveBatch(rows, cache, mask, first)
+        self._sample_into(batch, logits)
         return batch
 
     @torch.inference_mode()
@@ -102,9 +119,9 @@ class ModelRunner:
         ones = batch.attention_mask.new_ones((len(batch), 1))
         batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
         out = self.model(
-            input_ids=batch.next_tokens.unsqueeze(1).to(self.device),
+            input_ids=batch.next_tokens.unsqueeze(1),
             attention_mask=batch.attention_mask,
-            position_ids=batch.positions.unsqueeze(1).to(self.device),
+            position_ids=batch.positions.unsqueeze(1),
             past_key_values=batch.cache,
             use_cache=True,
         )
@@ -114,7 +131,7 @@ class ModelRunner:
     def _sample_into(self, batch: ActiveBatch, logits: torch.Tensor) -> None:
         params = [row.params for row in batch.rows]
         sampled = sample_next(logits, params, [row.generator for row in batch.rows])
-        batch.next_tokens = torch.tensor(sampled.token_ids, dtype=torch.long)
+        batch.next_tokens = torch.tensor(sampled.token_ids, dtype=torch.long, device=logits.device)
         for i, row in enumerate(batch.rows):
             row.output_ids.append(sampled.token_ids[i])
             row.logprobs.append(sampled.logprobs[i])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from fastapi import HTTPException
+from jinja2 import TemplateError
 
 from atroposlib.inference.batch import Sequence
 from atroposlib.inference.engine import ModelRunner
@@ -52,12 +54,24 @@ def chat_prompt(runner: ModelRunner, messages: list[ChatMessageIn]) -> list[int]
     """Render ``messages`` with the model's chat template, ready for the assistant's turn."""
     if runner.tokenizer.chat_template is None:
         raise bad_request("model", "the served model has no chat template; use /v1/completions")
-    rendered = runner.tokenizer.apply_chat_template(
-        [m.model_dump(exclude_none=True) for m in messages],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
+    plain = [message.model_dump(exclude_none=True) for message in messages]
+    for i, message in enumerate(plain):
+        if isinstance(message.get("content"), list):
+            message["content"] = _text_of(message["content"], f"messages[{i}].content")
+    try:
+        rendered = runner.tokenizer.apply_chat_template(
+            plain, tokenize=False, add_generation_prompt=True
+        )
+    except TemplateError as error:
+        raise bad_request("messages", f"the chat template rejected them: {error}") from error
     return list(runner.tokenizer.encode(str(rendered), add_special_tokens=False))
+
+
+def _text_of(parts: list[dict[str, Any]], field: str) -> str:
+    """The text of OpenAI content parts; this server reads text parts only."""
+    if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in parts):
+        raise bad_request(field, "only text parts ({'type': 'text', 'text': ...}) are supported")
+    return "".join(part["text"] for part in parts)
 
 
 def budget(runner: ModelRunner, prompt_len: int, max_new: int | None, field: str) -> int:

@@ -30,6 +30,12 @@ class InferenceSettings(BaseSettings):
     max_batch_size: int = Field(
         default=16, ge=1, le=1024, description="Most sequences decoded together in one step."
     )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="CPU threads torch uses (torch.set_num_threads); default: torch's choice. "
+        "On a machine shared with other busy processes, fewer threads are often faster.",
+    )
     served_model_name: str | None = Field(
         default=None, description="Name clients pass as `model`; defaults to the --model value."
     )

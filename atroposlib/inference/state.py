@@ -19,6 +19,8 @@ class ServerState:
     runner: ModelRunner
     scheduler: Scheduler
     started: int
+    base_path: str
+    lora_names: list[str] = field(default_factory=list)
     swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
@@ -26,7 +28,7 @@ class ServerState:
 
     @property
     def model_names(self) -> list[str]:
-        return [self.settings.model_name]
+        return [self.settings.model_name, *self.lora_names]
 
     def _decode_one(self, token_id: int) -> str:
         return str(self.runner.tokenizer.decode([token_id]))
