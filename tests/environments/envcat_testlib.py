@@ -103,3 +103,15 @@ def process_groups(
                    f"--env.data_path_to_save_groups={out}", *flags)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def load_env_module(name: str) -> Any:
+    """Import ``environments/<name>/env.py`` as a module (its folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"envcat_{name}", ENVIRONMENTS / name / "env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
