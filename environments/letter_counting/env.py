@@ -17,7 +17,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.chat_group import chat_group
 
-WORDS = (
+WORDS = tuple(
     "strawberry banana mississippi bookkeeper committee balloon assessment parallel "
     "coffee letter success cherry tomorrow address accommodate possession occurrence "
     "millennium embarrass necessary referral vacuum giraffe hippopotamus bubble puzzle "
@@ -56,7 +56,8 @@ def letter_count_reward(completions: list[str], answer: list[str], format_weight
     [1.2, 0.2, 0.0, 0.0]
     """
     scores = []
-    for reply, gold, form in zip(completions, answer, answer_tag_format_reward(completions)):
+    forms = answer_tag_format_reward(completions)
+    for reply, gold, form in zip(completions, answer, forms, strict=True):
         tagged = extract_answer_tag(reply)
         correct = tagged is not None and normalize_number(tagged) == gold
         scores.append(round(float(correct) + format_weight * form, 6))

@@ -3,7 +3,7 @@
 Fully offline. Replies answer inside ``<answer>…</answer>``; the score is the task's own
 ``score_answer`` plus ``format_weight`` for a well-formed reply. Difficulty settings go to each
 task's generator through ``task_configs`` (e.g. ``{"basic_arithmetic": {"max_digits": 2}}``).
-Run: ``python environments/reasoning_gym/env.py process --config environments/reasoning_gym/config.yaml``
+Run: ``python environments/reasoning_gym/env.py process --config <folder>/config.yaml``
 """
 
 import difflib
