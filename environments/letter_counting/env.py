@@ -17,13 +17,50 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.chat_group import chat_group
 
-WORDS = tuple(
-    "strawberry banana mississippi bookkeeper committee balloon assessment parallel "
-    "coffee letter success cherry tomorrow address accommodate possession occurrence "
-    "millennium embarrass necessary referral vacuum giraffe hippopotamus bubble puzzle "
-    "pepper happiness grammar llama kayak level rhythm syzygy queue onomatopoeia "
-    "abracadabra pineapple raspberry tennessee connecticut massachusetts "
-).split()
+WORDS = [
+    "strawberry",
+    "banana",
+    "mississippi",
+    "bookkeeper",
+    "committee",
+    "balloon",
+    "assessment",
+    "parallel",
+    "coffee",
+    "letter",
+    "success",
+    "cherry",
+    "tomorrow",
+    "address",
+    "accommodate",
+    "possession",
+    "occurrence",
+    "millennium",
+    "embarrass",
+    "necessary",
+    "referral",
+    "vacuum",
+    "giraffe",
+    "hippopotamus",
+    "bubble",
+    "puzzle",
+    "pepper",
+    "happiness",
+    "grammar",
+    "llama",
+    "kayak",
+    "level",
+    "rhythm",
+    "syzygy",
+    "queue",
+    "onomatopoeia",
+    "abracadabra",
+    "pineapple",
+    "raspberry",
+    "tennessee",
+    "connecticut",
+    "massachusetts",
+]
 SYSTEM_PROMPT = "Count carefully. Reply with the number inside <answer></answer>."
 
 
