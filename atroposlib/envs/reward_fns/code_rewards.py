@@ -78,3 +78,22 @@ def pass_rate_reward(
         code = extract_python_code(completion)
         scores.append(run_python(code, tests=list(problem_tests), limits=limits).pass_rate)
     return scores
+
+
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from ``samples`` tries of which ``correct`` passed: 1 - C(n-c, k) / C(n, k).
+
+    >>> pass_at_k(10, 0, 1), pass_at_k(10, 10, 5), round(pass_at_k(10, 3, 1), 6)
+    (0.0, 1.0, 0.3)
+    >>> round(pass_at_k(10, 3, 5), 4)
+    0.9167
+    """
+    if not 0 <= correct <= samples or k < 1 or k > samples:
+        raise ValueError(f"need 0 <= correct <= samples and 1 <= k <= samples (got {samples=}, "
+                         f"{correct=}, {k=}); ask for at least k samples per problem")  # fmt: skip
+    if samples - correct < k:
+        return 1.0
+    product = 1.0
+    for i in range(samples - correct + 1, samples + 1):
+        product *= 1.0 - k / i
+    return 1.0 - product
