@@ -15,7 +15,9 @@ from atroposlib.envs.reward_fns.answers import extract_boxed, extract_final_numb
 
 logger = logging.getLogger(__name__)
 
-_UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{\s*[a-zA-Z ]*\}|\^\\circ|\\%|%|\\\$|\$(?=\d)")
+_UNITS = re.compile(
+    r"\\(?:text|mbox|mathrm)\{\s*[a-zA-Z ]*\}(?:\^\{?\d\}?)?|\^\\circ|\\%|%|\\\$|\$(?=\d)"
+)
 
 
 def _timeout() -> int | None:
@@ -28,8 +30,8 @@ def math_equivalent(prediction: str, gold: str) -> bool:
 
     >>> math_equivalent(r"\\frac{1}{2}", "0.5")
     True
-    >>> math_equivalent(r"12 \\text{ cm}", "12")
-    True
+    >>> math_equivalent(r"12 \\text{ cm}", "12"), math_equivalent(r"28 \\text{ cm}^2", "28")
+    (True, True)
     >>> math_equivalent(r"\\dfrac34", r"\\frac{3}{4}")
     True
     >>> math_equivalent("1+x^2", "x^2+1")
