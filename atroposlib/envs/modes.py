@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from atroposlib.envs.storage import free_path
 from atroposlib.utils.html_report import render_groups_html
 
 if TYPE_CHECKING:
@@ -47,19 +48,10 @@ async def serve(env: BaseEnv) -> None:
     from atroposlib.envs.runner import EnvRunner
 
     try:
-        async with EnvClient(base_url=env.config.rollout_server_url) as client:
+        async with EnvClient(base_url=env.config.rollout_server_url, max_retries=3) as client:
             await EnvRunner(env, client).run()
     finally:
         await env.server.close()
-
-
-def free_path(path: Path) -> Path:
-    """``path``, or ``stem_1``, ``stem_2``... when it exists (earlier runs are never overwritten)."""
-    candidate, counter = path, 1
-    while candidate.exists():
-        candidate = path.with_stem(f"{path.stem}_{counter}")
-        counter += 1
-    return candidate
 
 
 def _for_report(env: BaseEnv, group: dict[str, Any]) -> dict[str, Any]:

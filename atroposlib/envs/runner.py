@@ -9,11 +9,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
+
+import orjson
 
 from atroposlib.envs.config import EvalHandlingEnum
 from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.spool import Spool
+from atroposlib.envs.storage import free_path
 from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError, ConfigError
 from atroposlib.protocol import EnvRegistration, EnvStatusResponse
 
@@ -53,6 +56,12 @@ class EnvRunner:
         self.status_at = 0.0
         self.submitted_at_status = 0
         self.eval_task: asyncio.Task[None] | None = None
+        self.group_file: IO[bytes] | None = None
+        if env.config.data_path_to_save_groups:
+            path = free_path(Path(env.config.data_path_to_save_groups))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.group_file = path.open("ab")
+            logger.info("every group sent is also written to %s", path)
 
     # ---- start-up -------------------------------------------------------------------
 
@@ -112,6 +121,8 @@ class EnvRunner:
         if not await self.sender.flush(timeout=60):
             logger.warning("%d groups still spooled at %s", self.sender.backlog, self.spool.path)
         await self.sender.close()
+        if self.group_file is not None:
+            self.group_file.close()
         if self.env.env_id is not None:
             try:
                 await self.client.disconnect_env(self.env.env_id)
@@ -171,9 +182,13 @@ class EnvRunner:
                 return 0
             if config.eval_handling is EvalHandlingEnum.LIMIT_TRAIN:
                 limit = int(limit * config.eval_limit_ratio)
+        unsent = max(self.sender.backlog, env.groups_submitted - self.submitted_at_status)
+        queued = status.queue_size + unsent
+        projected = status.current_step + queued * config.group_size // max(1, config.batch_size)
+        if projected >= config.total_steps:
+            return 0
         if config.max_batches_offpolicy <= 0:
             return limit
-        queued = status.queue_size + (env.groups_submitted - self.submitted_at_status)
         allowed = config.max_batches_offpolicy * env.derived_batch_size(status) // config.group_size
         budget = allowed - queued
         if config.min_batch_allocation is not None:
@@ -184,9 +199,6 @@ class EnvRunner:
                 / config.group_size
             )
             budget = max(budget, own_target - status.self_queue_size)
-        projected = status.current_step + queued * config.group_size // max(1, config.batch_size)
-        if projected >= config.total_steps:
-            return 0
         return max(0, min(limit, budget))
 
     async def _start_rollouts(self, status: EnvStatusResponse) -> None:
@@ -210,6 +222,9 @@ class EnvRunner:
                 group["group_id"] = uuid.uuid4().hex
                 self.env.groups_submitted += 1
                 self.sender.submit(group)
+                if self.group_file is not None:
+                    self.group_file.write(orjson.dumps(group) + b"\n")
+                    self.group_file.flush()
         finally:
             self.rollouts.pop(key, None)
 

@@ -40,6 +40,7 @@ class GroupSender:
         self.retry_interval_s = retry_interval_s
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.sent = 0
+        self.post_limit = MAX_GROUPS_PER_POST
         self.rejected = 0
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -61,13 +62,13 @@ class GroupSender:
         while True:
             if len(self.spool):
                 self._drain_queue_into_spool()
-                if not await self._send(self.spool.oldest(MAX_GROUPS_PER_POST), spooled=True):
+                if not await self._send(self.spool.oldest(self.post_limit), spooled=True):
                     await asyncio.sleep(self.retry_interval_s)
                 continue
             if self.queue.empty():
                 self._idle.set()
             batch = [await self.queue.get()]
-            while not self.queue.empty() and len(batch) < MAX_GROUPS_PER_POST:
+            while not self.queue.empty() and len(batch) < self.post_limit:
                 batch.append(self.queue.get_nowait())
             await self._send(batch, spooled=False)
 
@@ -82,6 +83,8 @@ class GroupSender:
         try:
             await self.client.post_groups(batch)
         except BrokerUnavailableError as exc:
+            # a full broker may take a few groups but not all of them: post fewer at a time
+            self.post_limit = max(1, len(batch) // 2)
             if not spooled:
                 logger.warning("broker unreachable (%s): spooling %d groups", exc, len(batch))
                 self.spool.add(batch)
@@ -89,6 +92,7 @@ class GroupSender:
         except BrokerRejectedError as exc:
             return await self._rejected(batch, exc, spooled=spooled)
         self.sent += len(batch)
+        self.post_limit = min(MAX_GROUPS_PER_POST, self.post_limit * 2)
         if spooled:
             self.spool.ack([group["group_id"] for group in batch])
             logger.info("broker is back: resent %d spooled groups", len(batch))

@@ -67,7 +67,8 @@ def settings_model(env_config_cls: type[BaseEnvConfig], command: str) -> type[En
 
 def _dump_servers(servers: ServerBaseline | list[APIServerConfig]) -> Any:
     if isinstance(servers, list):
-        return [s.model_dump() for s in servers]
+        dumped = [s.model_dump() for s in servers]
+        return dumped[0] if len(dumped) == 1 else dumped
     if isinstance(servers, APIServerConfig):
         return servers.model_dump()
     return None

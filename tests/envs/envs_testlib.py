@@ -81,9 +81,11 @@ class Process:
             self.proc.wait(timeout=10)
 
 
-def broker_process(tmp: Path, store: str = "memory", port: int | None = None) -> Process:
+def broker_process(
+    tmp: Path, store: str = "memory", port: int | None = None, *extra: str
+) -> Process:
     port = port or free_port()
-    args = [sys.executable, "-m", "atroposlib.api", "--port", str(port), "--store", store]
+    args = [sys.executable, "-m", "atroposlib.api", "--port", str(port), "--store", store, *extra]
     return Process(args, port, "/", tmp / "broker.log")
 
 

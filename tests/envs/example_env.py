@@ -42,9 +42,7 @@ class AdditionEnv(BaseEnv):
         a = self.rng.randrange(self.config.group_size)
         return {"question": f"What is {a}+0?", "answer": str(a)}
 
-    async def collect_trajectories(
-        self, item: Item
-    ) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         chat = [{"role": "user", "content": item["question"]}]
         completion = await self.server.chat_completion(
             messages=chat, n=self.config.group_size, max_tokens=32

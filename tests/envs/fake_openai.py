@@ -34,7 +34,10 @@ async def _misbehave() -> Any:
 
 @app.post("/control")
 async def control(request: Request) -> dict[str, Any]:
-    state["mode"] = (await request.json())["mode"]
+    body = await request.json()
+    state["mode"] = body["mode"]
+    if body.get("reset"):
+        state["requests"] = state["served"] = 0
     return state
 
 

@@ -8,11 +8,14 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.circuit import CircuitBreaker
+from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
 from atroposlib.errors import InferenceError
 
 logger = logging.getLogger(__name__)
@@ -92,6 +95,11 @@ class APIServer(ABC):
         self.base_url = (config.base_url or DEFAULT_OPENAI_URL).rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.lean: LeanHTTPClient | None = None
+        parts = urlsplit(self.base_url)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        if http_client is None and parts.scheme == "http":
+            self.lean = LeanHTTPClient(self.origin, headers=headers, timeout=config.timeout)
         self._owns_client = http_client is None
         self.http = http_client or httpx.AsyncClient(
             timeout=httpx.Timeout(config.timeout, connect=min(10.0, config.timeout)),
@@ -129,16 +137,27 @@ class APIServer(ABC):
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
         """POST and decode JSON; every transport, status or decoding problem is an InferenceError."""
+        payload = orjson.dumps(body)
+        if self.lean is not None and url.startswith(self.origin):
+            try:
+                answer = await self.lean.request("POST", url[len(self.origin) :] or "/", payload)
+            except HTTPTransportError as exc:
+                raise InferenceError(f"{url}: {exc}") from exc
+            status, content = answer.status, answer.body
+        else:
+            try:
+                response = await self.http.post(
+                    url, content=payload, headers={"Content-Type": "application/json"}
+                )
+            except httpx.HTTPError as exc:
+                raise InferenceError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            status, content = response.status_code, response.content
+        if status >= 400:
+            raise InferenceError(f"{url}: HTTP {status}: {content[:200]!r}")
         try:
-            response = await self.http.post(url, json=body)
-        except httpx.HTTPError as exc:
-            raise InferenceError(f"{url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 400:
-            raise InferenceError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise InferenceError(f"{url}: answer is not JSON: {response.text[:200]!r}") from exc
+            return orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise InferenceError(f"{url}: answer is not JSON: {content[:200]!r}") from exc
 
     async def timed(self, split: str, call: Any) -> Any:
         """Run one request, keeping in-flight counts, latency and the circuit breaker current."""
@@ -198,5 +217,7 @@ class APIServer(ABC):
         return out
 
     async def close(self) -> None:
+        if self.lean is not None:
+            await self.lean.aclose()
         if self._owns_client:
             await self.http.aclose()
