@@ -6,6 +6,7 @@ import doctest
 import importlib
 
 import pytest
+from envcat_testlib import ENVIRONMENTS, load_env_module
 
 MODULES = [
     "atroposlib.envs.reward_fns.answers",
@@ -22,3 +23,22 @@ def test_doctests(name: str) -> None:
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+ENV_FOLDERS = sorted(p.parent.name for p in ENVIRONMENTS.glob("*/env.py"))
+WITH_DOCTESTS = {"blackjack", "code_game", "letter_counting", "rlaif", "sft_loader", "tictactoe"}
+
+
+def test_every_environment_folder_has_env_readme_and_config() -> None:
+    assert len(ENV_FOLDERS) >= 12
+    for name in ENV_FOLDERS:
+        folder = ENVIRONMENTS / name
+        assert (folder / "README.md").is_file(), name
+        assert (folder / "config.yaml").is_file(), name
+
+
+@pytest.mark.parametrize("name", ENV_FOLDERS)
+def test_environment_doctests(name: str) -> None:
+    result = doctest.testmod(load_env_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
+    assert (result.attempted > 0) is (name in WITH_DOCTESTS)
