@@ -15,6 +15,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.errors import ConfigError
 from atroposlib.type_definitions import Item
 from atroposlib.utils.chat_group import chat_group
 
@@ -80,7 +81,7 @@ class SFTLoaderEnv(BaseEnv):
 
     async def setup(self) -> None:
         if self.config.data_path is None and self.config.dataset_name is None:
-            raise ValueError("set --env.data_path (JSONL) or --env.dataset_name (hub dataset)")
+            raise ConfigError("no SFT data: set --env.data_path (JSONL) or --env.dataset_name")
         self.stream, self.skipped = self.rows(), 0
 
     async def get_next_item(self) -> Item:

@@ -101,7 +101,8 @@ class TicTacToeEnv(BaseEnv):
         role = "X"
         while True:
             chat = chats[role]
-            chat.append({"role": "user", "content": f"Board:\n{render(board)}\nYour move."})
+            board_text = f"You are {role}. Board:\n{render(board)}\nYour move."
+            chat.append({"role": "user", "content": board_text})
             completion = await self.server.chat_completion(
                 messages=chat,
                 n=1,
