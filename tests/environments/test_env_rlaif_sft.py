@@ -55,9 +55,9 @@ def test_row_shapes(row: dict, roles: list[str] | None) -> None:
 
 
 def test_sft_loader_streams_rows_as_sft_groups_and_stops(scripted, tmp_path: Path) -> None:
+    turns = [("user", "Hi"), ("assistant", "Hello!"), ("user", "Bye"), ("assistant", "Ciao")]
     rows = [
-        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                      {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]},
+        {"messages": [{"role": role, "content": text} for role, text in turns]},
         {"text": "not a chat"},
         {"prompt": "2+2?", "completion": "4"},
         {"instruction": "Say yes", "output": "yes"},
