@@ -96,6 +96,7 @@ def test_mbpp_fixture_solutions_pass() -> None:
         assert result.tests_passed == [True] * len(row["test_list"])
 
 
+@pytest.mark.slow
 def test_code_execution_process_end_to_end(scripted, tmp_path: Path) -> None:
     replies = [FENCE.format("print(1)"), FENCE.format("x = 1"), FENCE.format("def f(:"),
                FENCE.format("raise SystemError")]  # fmt: skip
@@ -107,6 +108,7 @@ def test_code_execution_process_end_to_end(scripted, tmp_path: Path) -> None:
         assert statuses == ["ok", "ok", "syntax_error", "runtime_error"]
 
 
+@pytest.mark.slow
 def test_code_eval_humaneval_evaluate_reports_pass_at_k(scripted, tmp_path: Path) -> None:
     first = read_problems()["HumanEval/0"]
     right = FENCE.format(first["canonical_solution"])

@@ -42,6 +42,7 @@ def bare_env(module: Any, cls_name: str, server: FakeServer, **config: Any) -> A
 # ---- code_game ----
 
 
+@pytest.mark.slow
 def test_code_game_process_zero_sum_rewards_and_roles(scripted, tmp_path: Path) -> None:
     programs = [FENCE.format("print(6 * 7)"), FENCE.format("print(3 + 4)"),
                 FENCE.format("def f(:"), FENCE.format("x = 1")]  # fmt: skip
@@ -102,6 +103,7 @@ def test_tictactoe_rejects_odd_group_size() -> None:
         tictactoe.TicTacToeConfig(group_size=3)
 
 
+@pytest.mark.slow
 def test_tictactoe_process_tags_roles(scripted, tmp_path: Path) -> None:
     server = scripted([
         {"when": "You are X", "replies": ["<move>1</move>", "<move>2</move>", "<move>3</move>"]},
@@ -138,6 +140,7 @@ async def test_blackjack_hitting_forever_busts_and_bad_replies_forfeit() -> None
     assert (await bad.episode(1))[1] == -2.0
 
 
+@pytest.mark.slow
 def test_blackjack_process(scripted, tmp_path: Path) -> None:
     server = scripted([{"when": "", "replies": ["<action>stick</action>"]}])
     groups = process_groups("blackjack", server, tmp_path, "--env.group_size=3")

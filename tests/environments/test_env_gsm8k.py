@@ -45,6 +45,7 @@ def test_shipped_fixture_has_the_gsm8k_shape() -> None:
         assert extract_final_number(row["answer"]) is not None
 
 
+@pytest.mark.slow
 def test_process_scores_scripted_answers(scripted, tmp_path: Path) -> None:
     data = tmp_path / "two.jsonl"
     rows = [{"question": "What is 20 + 7?", "answer": "20 + 7 = 27\n#### 27"}] * 2
@@ -61,6 +62,7 @@ def test_process_scores_scripted_answers(scripted, tmp_path: Path) -> None:
     assert all(r["n"] == 4 for r in server.requests())
 
 
+@pytest.mark.slow
 def test_evaluate_reports_accuracy_on_the_fixture(scripted, tmp_path: Path) -> None:
     server = scripted([{"when": "pencils", "replies": ["\\boxed{27}"]},
                        {"when": "", "replies": ["no idea"]}])  # fmt: skip

@@ -51,6 +51,7 @@ def test_answer_taken_from_the_solution_box_when_no_answer_field() -> None:
     assert math_env.answer_of({"solution": "so $\\boxed{\\frac{1}{2}}$."}) == "\\frac{1}{2}"
 
 
+@pytest.mark.slow
 def test_math_process_and_evaluate(scripted, tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (ENVIRONMENTS / "math" / "fixture.jsonl").open()]
     rules = [{"when": r["problem"], "replies": [f"\\boxed{{{r['answer']}}}", "\\boxed{-99}"]}

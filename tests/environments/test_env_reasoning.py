@@ -88,6 +88,7 @@ def test_letter_questions_are_right_and_follow_difficulty() -> None:
         assert row["answer"] == str(text.count(letter))
 
 
+@pytest.mark.slow
 def test_reasoning_gym_process_end_to_end(scripted, tmp_path: Path) -> None:
     dataset = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=0)
     rules = [
@@ -103,6 +104,7 @@ def test_reasoning_gym_process_end_to_end(scripted, tmp_path: Path) -> None:
     assert asked == {entry["question"] for entry in dataset}
 
 
+@pytest.mark.slow
 def test_letter_counting_process_and_evaluate(scripted, tmp_path: Path) -> None:
     server = scripted([{"when": "'e' appear in 'pepper'", "replies": ["<answer>2</answer>", "2"]},
                        {"when": "", "replies": ["<answer>1</answer>"]}])  # fmt: skip

@@ -21,6 +21,7 @@ def test_parse_verdict_table(reply: str, verdict: str | None) -> None:
     assert rlaif.parse_verdict(reply) == verdict
 
 
+@pytest.mark.slow
 def test_rlaif_process_pairs_with_group_size_override(scripted, tmp_path: Path) -> None:
     server = scripted([
         {"when": "Response A:\nGood answer", "replies": ["<verdict>A</verdict>"]},
@@ -54,6 +55,7 @@ def test_row_shapes(row: dict, roles: list[str] | None) -> None:
     assert (None if messages is None else [m["role"] for m in messages]) == roles
 
 
+@pytest.mark.slow
 def test_sft_loader_streams_rows_as_sft_groups_and_stops(scripted, tmp_path: Path) -> None:
     turns = [("user", "Hi"), ("assistant", "Hello!"), ("user", "Bye"), ("assistant", "Ciao")]
     rows = [
@@ -75,6 +77,7 @@ def test_sft_loader_streams_rows_as_sft_groups_and_stops(scripted, tmp_path: Pat
     assert server.requests() == []  # loading SFT data never calls the inference server
 
 
+@pytest.mark.slow
 def test_sft_loader_without_data_fails_with_a_fix(scripted, tmp_path: Path) -> None:
     server = scripted([{"when": "", "replies": ["unused"]}])
     done = run_env("sft_loader", "process", server, tmp_path, "--env.total_steps=1")

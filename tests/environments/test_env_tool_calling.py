@@ -96,6 +96,7 @@ def test_fixture_expected_calls_score_one_against_themselves() -> None:
             assert tool_call_match_reward([reply], [turn["expected_calls"]]) == [1.0]
 
 
+@pytest.mark.slow
 def test_tool_calling_process_single_and_multi_turn(scripted, tmp_path: Path) -> None:
     rows = {
         r["id"]: r for r in tool_env.load_rows(str(ENVIRONMENTS / "tool_calling/fixture.jsonl"))

@@ -155,6 +155,8 @@ def test_files_outside_the_working_directory_are_untouched(tmp_path: Path):
         f"""
         import os
         for action in (lambda: os.remove({str(keep)!r}),
+                       lambda: os.remove({__file__!r}),
+                       lambda: os.rename({str(tmp_path)!r}, {str(tmp_path) + "-moved"!r}),
                        lambda: open({str(tmp_path / "new.txt")!r}, 'w').write('x'),
                        lambda: open({str(keep)!r}, 'a').write('x')):
             try:
@@ -170,6 +172,7 @@ def test_files_outside_the_working_directory_are_untouched(tmp_path: Path):
     assert result.status is SandboxStatus.OK
     assert result.stdout == "fine\n"
     assert keep.read_text() == "precious"
+    assert Path(__file__).is_file() and tmp_path.is_dir()
     assert not (tmp_path / "new.txt").exists()
 
 
