@@ -79,3 +79,7 @@ class InferenceError(AtroposError):
 
 class InferenceUnavailableError(InferenceError):
     """Every attempt on every inference server failed; the rollout cannot be generated now."""
+
+
+class InferenceRejectedError(InferenceError):
+    """The inference server refused the request (4xx): fix the request; retrying cannot help."""

@@ -76,8 +76,8 @@ def run_one(
             env=ours, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
-            [sys.executable, "-m", "atroposlib.api", "--port", str(broker_port), "--store", "memory",
-             "--log-level", "warning"],
+            [sys.executable, "-m", "atroposlib.api", "--port", str(broker_port),
+             "--store", "memory", "--log-level", "warning"],
             env=ours, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
     ]  # fmt: skip
@@ -103,7 +103,7 @@ def run_one(
         with (logs / f"{label}.log").open("wb") as log:
             env = subprocess.Popen(
                 [python, str(ROOT / "benchmarks/trivial_env.py"), "serve"],
-                env=env_vars, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT / "benchmarks" / "logs",
+                env=env_vars, stdout=log, stderr=subprocess.STDOUT, cwd=logs,
             )  # fmt: skip
         children.append(env)
         process = psutil.Process(env.pid)
@@ -151,10 +151,9 @@ def main() -> None:
             f"{r['cpu_s'] / r['groups']:12.5f} {r['groups'] / r['cpu_s']:13.1f}"
         )
     base, ours = results["atroposlib 0.4.0"], results["ours"]
-    print(
-        f"ratio ours/0.4.0: groups/s x{(ours['groups'] / ours['wall_s']) / (base['groups'] / base['wall_s']):.2f}, "
-        f"groups per CPU second x{(ours['groups'] / ours['cpu_s']) / (base['groups'] / base['cpu_s']):.2f}"
-    )
+    speed = (ours["groups"] / ours["wall_s"]) / (base["groups"] / base["wall_s"])
+    efficiency = (ours["groups"] / ours["cpu_s"]) / (base["groups"] / base["cpu_s"])
+    print(f"ratio ours/0.4.0: groups/s x{speed:.2f}, groups per CPU second x{efficiency:.2f}")
 
 
 if __name__ == "__main__":

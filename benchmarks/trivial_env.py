@@ -4,6 +4,9 @@ The same file runs on atroposlib 0.4.0 and on ours (source compatibility); its s
 from environment variables so that neither CLI is involved.
 """
 
+# Written in Atropos 0.4 style on purpose (typing.List, concatenation): the user's view.
+# ruff: noqa: UP006, UP035, UP045
+
 import os
 from typing import List, Optional, Tuple
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from atroposlib.envs import checkpointing
@@ -76,6 +76,8 @@ class BaseEnv(ABC):
         self.stats = RolloutStats(config)
         self.perf = self.stats.perf
         self.tracker: Tracker = NullTracker()
+        self.rollouts_for_wandb: list[list[tuple[Any, float]]] = []
+        self._submit: Callable[[dict[str, Any]], None] | None = None
         self._tokenizer: Any = None
 
     # ---- what subclasses implement ---------------------------------------------------
@@ -85,7 +87,7 @@ class BaseEnv(ABC):
         """Default (env config, server configs); the CLI, env vars and YAML override them."""
         return cls.env_config_cls(), ServerBaseline()
 
-    async def setup(self) -> None:
+    async def setup(self) -> None:  # noqa: B027 - optional hook
         """Load datasets, build state; called once before anything else."""
 
     @abstractmethod
@@ -93,7 +95,7 @@ class BaseEnv(ABC):
         """The next item to roll out (``None`` when there is nothing to do right now)."""
 
     async def collect_trajectory(self, item: Item) -> tuple[ScoredDataItem | None, list[Item]]:
-        """One rollout of ``item``; the default ``collect_trajectories`` calls it group_size times."""
+        """One rollout of ``item``; the default collect_trajectories calls it group_size times."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement collect_trajectory or collect_trajectories"
         )
@@ -113,11 +115,11 @@ class BaseEnv(ABC):
         """Change groups after collection (e.g. add advantages); identity by default."""
         return trajectories
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         """Run an evaluation; called every ``steps_per_eval`` trainer steps and by ``evaluate``."""
         logger.info("%s defines no evaluate()", type(self).__name__)
 
-    async def cleanup(self) -> None:
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook
         """Called after every item's rollout."""
 
     # ---- helpers for subclasses ------------------------------------------------------
@@ -156,10 +158,58 @@ class BaseEnv(ABC):
         for key, value in (data or {}).items():
             setattr(self, key, value)
 
+    @property
+    def completion_lengths(self) -> list[int]:
+        return self.stats.completion_lengths
+
+    async def add_rollouts_for_wandb(
+        self, scored_data: ScoredDataGroup | dict[str, Any], item: Item = None
+    ) -> None:
+        """Keep rollouts for the wandb table (token ids are decoded only when logged)."""
+        keep = self.config.num_rollouts_per_group_for_logging
+        keep = len(scored_data["tokens"]) if keep == -1 else keep
+        pairs = zip(scored_data["tokens"][:keep], scored_data["scores"][:keep], strict=True)
+        self.rollouts_for_wandb.append([(tokens, float(score)) for tokens, score in pairs])
+        del self.rollouts_for_wandb[: -max(1, self.config.num_rollouts_to_keep)]
+
+    async def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
+        rows = [
+            [self._as_text(content), score]
+            for group in self.rollouts_for_wandb
+            for content, score in group
+        ]
+        table = self.tracker.table(["text", "score"], rows) if rows else None
+        if table is not None:
+            wandb_metrics["train/rollouts"] = table
+        return wandb_metrics
+
+    def _as_text(self, content: Any) -> str:
+        if isinstance(content, str):
+            return content
+        if self._tokenizer is not None:
+            return str(self._tokenizer.decode(content))
+        return str(content)
+
+    async def handle_send_to_api(
+        self,
+        scored_data: Trajectories,
+        item: Item = None,
+        do_send_to_api: bool = True,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> None:
+        """Validate groups and send them now (for envs that send from inside a rollout)."""
+        limit = None if abort_on_any_max_length_exceeded else -1
+        for group in self.accept_groups(scored_data, max_token_len=limit):
+            await self.add_rollouts_for_wandb(group, item)
+            if do_send_to_api and self._submit is not None:
+                self._submit(group)
+
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
-        """Log ``wandb_metrics`` plus the env's own (lengths, scores, rollouts, timings, servers)."""
+        """Log ``wandb_metrics`` and the env's own: lengths, scores, rollouts, timings, servers."""
         metrics = dict(wandb_metrics or {})
-        metrics.update(self.stats.drain(self.tracker, self.tokenizer_or_none()))
+        metrics = await self.create_rollout_table(metrics)
+        self.rollouts_for_wandb = []
+        metrics.update(self.stats.drain())
         prefix = self.wandb_prepend or self.config.wandb_name or self.name
         if prefix:
             metrics = {f"{prefix}/{key}": value for key, value in metrics.items()}
@@ -177,7 +227,7 @@ class BaseEnv(ABC):
         samples: list[dict[str, Any]] | None = None,
         verbose: bool = True,
     ) -> None:
-        """Write ``metrics.json`` (+ ``samples.jsonl``) to ``data_dir_to_save_evals`` and log them."""
+        """Write metrics.json (and samples.jsonl) to ``data_dir_to_save_evals``; log them."""
         self.last_eval_metrics = dict(metrics)
         self.last_eval_samples = list(samples or [])
         self.tracker.log({f"eval/{k}": v for k, v in metrics.items()}, step=self.curr_step)
@@ -251,6 +301,8 @@ class BaseEnv(ABC):
         finally:
             await self.cleanup()
         groups = self.accept_groups(trajectories, max_token_len=max_token_len)
+        for group in groups:
+            await self.add_rollouts_for_wandb(group, item)
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
         return groups
 

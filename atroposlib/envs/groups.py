@@ -11,7 +11,7 @@ from atroposlib.type_definitions import Message
 
 
 class ScoredDataGroup(TypedDict):
-    """One group of G rollouts of the same item (a dict on the wire, see ``protocol.ScoredData``)."""
+    """G rollouts of the same item (a dict; its wire form is ``protocol.ScoredData``)."""
 
     tokens: list[list[int]]
     masks: list[list[int]]
@@ -103,7 +103,7 @@ def group_rejection_reason(
             "must have one entry per sequence"
         )
     for field in _PER_TOKEN_FIELDS:
-        values = group.get(field)
+        values: Any = group.get(field)
         if values is None:
             continue
         if len(values) != len(tokens):

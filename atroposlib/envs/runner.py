@@ -55,6 +55,7 @@ class EnvRunner:
         self.status: EnvStatusResponse | None = None
         self.status_at = 0.0
         self.submitted_at_status = 0
+        self.acked_during_status = 0
         self.eval_task: asyncio.Task[None] | None = None
         self.group_file: IO[bytes] | None = None
         if env.config.data_path_to_save_groups:
@@ -101,13 +102,20 @@ class EnvRunner:
     async def run(self) -> None:
         env = self.env
         await env.setup()
-        await self._register()
+        while True:
+            try:
+                await self._register()
+                break
+            except BrokerUnavailableError as exc:
+                logger.warning("broker not reachable yet (%s); retrying registration", exc)
+                await asyncio.sleep(2.0)
         wandb = await self.client.wandb_info()
         env.start_tracker(project=wandb.project, group=wandb.group)
         await self._fetch_info()
         if env.curr_step > 0:
             env.load_checkpoint()
         self.sender.start()
+        env._submit = self.submit
         try:
             await self._loop()
         finally:
@@ -157,6 +165,7 @@ class EnvRunner:
             return self.status
         env_id = self.env.env_id
         assert env_id is not None
+        submitted, acked = self.env.groups_submitted, self.sender.sent
         try:
             self.status = await self.client.status_env(env_id)
         except BrokerUnavailableError as exc:
@@ -169,7 +178,9 @@ class EnvRunner:
             await self._register()
             return None
         self.status_at = time.monotonic()
-        self.submitted_at_status = self.env.groups_submitted
+        # posts acknowledged while the status was in flight may not be counted in it
+        self.submitted_at_status = submitted
+        self.acked_during_status = self.sender.sent - acked
         await self.env.server.update_weight(self.status.env_weight)
         return self.status
 
@@ -183,6 +194,7 @@ class EnvRunner:
             if config.eval_handling is EvalHandlingEnum.LIMIT_TRAIN:
                 limit = int(limit * config.eval_limit_ratio)
         unsent = max(self.sender.backlog, env.groups_submitted - self.submitted_at_status)
+        unsent += self.acked_during_status
         queued = status.queue_size + unsent
         projected = status.current_step + queued * config.group_size // max(1, config.batch_size)
         if projected >= config.total_steps:
@@ -214,17 +226,21 @@ class EnvRunner:
         task = asyncio.create_task(self._rollout(key, item, policy_version))
         self.rollouts[key] = Rollout(item, task)
 
+    def submit(self, group: dict[str, Any], policy_version: int | None = None) -> None:
+        """Stamp a valid group with its ids and hand it to the sender (and the JSONL file)."""
+        group["env_id"] = self.env.env_id
+        group["policy_version"] = self.env.curr_step if policy_version is None else policy_version
+        group["group_id"] = uuid.uuid4().hex
+        self.env.groups_submitted += 1
+        self.sender.submit(group)
+        if self.group_file is not None:
+            self.group_file.write(orjson.dumps(group) + b"\n")
+            self.group_file.flush()
+
     async def _rollout(self, key: str, item: Any, policy_version: int) -> None:
         try:
             for group in await self.env.run_item(item):
-                group["env_id"] = self.env.env_id
-                group["policy_version"] = policy_version
-                group["group_id"] = uuid.uuid4().hex
-                self.env.groups_submitted += 1
-                self.sender.submit(group)
-                if self.group_file is not None:
-                    self.group_file.write(orjson.dumps(group) + b"\n")
-                    self.group_file.flush()
+                self.submit(group, policy_version)
         finally:
             self.rollouts.pop(key, None)
 

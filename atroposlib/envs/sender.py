@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from typing import Any, Protocol
 
 from atroposlib.envs.spool import Spool
@@ -41,6 +42,7 @@ class GroupSender:
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.sent = 0
         self.post_limit = MAX_GROUPS_PER_POST
+        self.posting = 0
         self.rejected = 0
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -56,7 +58,7 @@ class GroupSender:
     @property
     def backlog(self) -> int:
         """Groups generated but not yet acknowledged by the broker."""
-        return self.queue.qsize() + len(self.spool)
+        return self.queue.qsize() + len(self.spool) + (0 if self.spool else self.posting)
 
     async def _run(self) -> None:
         while True:
@@ -80,6 +82,7 @@ class GroupSender:
             self.spool.add(waiting)
 
     async def _send(self, batch: list[dict[str, Any]], *, spooled: bool) -> bool:
+        self.posting = len(batch)
         try:
             await self.client.post_groups(batch)
         except BrokerUnavailableError as exc:
@@ -91,6 +94,8 @@ class GroupSender:
             return False
         except BrokerRejectedError as exc:
             return await self._rejected(batch, exc, spooled=spooled)
+        finally:
+            self.posting = 0
         self.sent += len(batch)
         self.post_limit = min(MAX_GROUPS_PER_POST, self.post_limit * 2)
         if spooled:
@@ -132,8 +137,6 @@ class GroupSender:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         self.spool.close()

@@ -58,7 +58,7 @@ class EnvCliSettings(BaseSettings):
 
 
 def settings_model(env_config_cls: type[BaseEnvConfig], command: str) -> type[EnvCliSettings]:
-    return create_model(  # type: ignore[no-any-return, call-overload]
+    return create_model(
         f"{command.capitalize()}Settings",
         __base__=EnvCliSettings,
         env=(env_config_cls, Field(default_factory=env_config_cls, description="Env settings.")),

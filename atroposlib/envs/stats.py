@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,35 +54,19 @@ class RolloutStats:
         self.config = config
         self.completion_lengths: list[int] = []
         self.scores: list[float] = []
-        self.rollouts: deque[list[tuple[list[int], float]]] = deque(
-            maxlen=max(1, config.num_rollouts_to_keep)
-        )
         self.perf = PerfStats()
 
     def observe(self, group: dict[str, Any]) -> None:
         for mask in group["masks"]:
             self.completion_lengths.append(sum(1 for m in mask if m != MASK_IGNORE_INDEX))
         self.scores.extend(float(s) for s in group["scores"])
-        keep = self.config.num_rollouts_per_group_for_logging
-        keep = len(group["tokens"]) if keep == -1 else keep
-        self.rollouts.append(list(zip(group["tokens"][:keep], group["scores"][:keep], strict=True)))
 
-    def drain(self, tracker: Any, tokenizer: Any) -> dict[str, Any]:
+    def drain(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         out.update(
             summarize("train/completion_lengths", [float(x) for x in self.completion_lengths])
         )
         out.update(summarize("train/scores", self.scores))
-        if self.rollouts:
-            rows = [
-                [tokenizer.decode(tokens) if tokenizer is not None else str(tokens[-64:]), score]
-                for group in self.rollouts
-                for tokens, score in group
-            ]
-            table = tracker.table(["text", "score"], rows)
-            if table is not None:
-                out["train/rollouts"] = table
         out.update(self.perf.drain())
         self.completion_lengths, self.scores = [], []
-        self.rollouts.clear()
         return out

@@ -11,7 +11,7 @@ def group_relative_advantages(
 ) -> list[float]:
     """GRPO advantages: ``(score - mean)``, divided by the group's std when ``normalize_std``.
 
-    >>> group_relative_advantages([1.0, 0.0, 1.0, 0.0])
+    >>> [round(a, 4) for a in group_relative_advantages([1.0, 0.0, 1.0, 0.0])]
     [1.0, -1.0, 1.0, -1.0]
     >>> group_relative_advantages([2.0, 2.0])
     [0.0, 0.0]

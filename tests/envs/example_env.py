@@ -4,6 +4,9 @@ Asks "What is a+b?" with answers below group_size, scores 1.0 when the reply hol
 Run: ``python example_env.py serve --openai.base_url http://localhost:9001/v1``.
 """
 
+# Written in Atropos 0.4 style on purpose (typing.List, concatenation): the user's view.
+# ruff: noqa: RUF005
+
 import os
 import random
 

@@ -2,8 +2,8 @@
 
 Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"``. ``/generate``
 answers in the SGLang shape. ``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500),
-``hang`` (never answers), ``garbage`` (200 with a body that is not a completion) or back to
-``ok``; ``GET /control`` returns the mode and request counts.
+``hang`` (never answers), ``garbage`` (200 with a body that is not a completion),
+``reject`` (404) or back to ``ok``; ``GET /control`` returns the mode and request counts.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ app = FastAPI()
 
 async def _misbehave() -> Any:
     state["requests"] += 1
+    if state["mode"] == "reject":
+        return JSONResponse({"detail": "model 'x' is not served here"}, status_code=404)
     if state["mode"] == "fail":
         return JSONResponse({"error": "boom"}, status_code=500)
     if state["mode"] == "hang":

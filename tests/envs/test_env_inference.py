@@ -12,7 +12,7 @@ from envs_testlib import Process, fake_inference, set_mode
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.errors import InferenceUnavailableError
+from atroposlib.errors import InferenceRejectedError, InferenceUnavailableError
 
 CHAT = [{"role": "user", "content": "What is 1+0?"}]
 
@@ -138,3 +138,17 @@ async def test_eval_requests_use_their_own_capacity(fakes: list[Process]) -> Non
 def test_a_single_server_config_is_one_server_at_its_base_url() -> None:
     manager = ServerManager(APIServerConfig(base_url="http://10.1.2.3:8123/v1"))
     assert [s.base_url for s in manager.servers] == ["http://10.1.2.3:8123/v1"]
+
+
+async def test_a_refused_request_is_not_retried_and_keeps_the_server_in_rotation(
+    fakes: list[Process],
+) -> None:
+    manager = ServerManager([config(fakes[0])])
+    set_mode(fakes[0], "reject")
+    try:
+        with pytest.raises(InferenceRejectedError, match="not served here"):
+            await manager.chat_completion(messages=CHAT)
+        assert httpx.get(fakes[0].url + "/control").json()["requests"] == 1
+        assert manager.servers[0].breaker.state is CircuitState.CLOSED
+    finally:
+        await manager.close()

@@ -31,13 +31,13 @@ class OpenAIServer(APIServer):
         split = str(kwargs.get("split", "train"))
         body = request_body(self.config.model_name, kwargs)
         call = self._request(f"{self.base_url}/chat/completions", body, ChatCompletion)
-        return await self.timed(split, call)  # type: ignore[no-any-return]
+        return await self.timed(split, call)
 
     async def completion(self, **kwargs: Any) -> Completion:
         split = str(kwargs.get("split", "train"))
         body = request_body(self.config.model_name, kwargs)
         call = self._request(f"{self.base_url}/completions", body, Completion)
-        return await self.timed(split, call)  # type: ignore[no-any-return]
+        return await self.timed(split, call)
 
     async def _request(self, url: str, body: dict[str, Any], model: Any) -> Any:
         data = await self.post_json(url, body)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.circuit import CircuitBreaker
 from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
-from atroposlib.errors import InferenceError
+from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ServerBaseline(BaseModel):
     )
     server_type: ServerType = Field(
         default="openai",
-        description="Backend: openai, vllm, sglang, embedded (token ids need vllm/sglang/embedded).",
+        description="Backend: openai, vllm, sglang or embedded (the last three give token ids).",
     )
     tokenizer_name: str | None = Field(
         default=None, description="Tokenizer for managed mode when the env passes none."
@@ -136,7 +136,7 @@ class APIServer(ABC):
         self.weight = max(0.01, weight)
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
-        """POST and decode JSON; every transport, status or decoding problem is an InferenceError."""
+        """POST and decode JSON; any transport, status or decoding problem is an InferenceError."""
         payload = orjson.dumps(body)
         if self.lean is not None and url.startswith(self.origin):
             try:
@@ -152,6 +152,8 @@ class APIServer(ABC):
             except httpx.HTTPError as exc:
                 raise InferenceError(f"{url}: {type(exc).__name__}: {exc}") from exc
             status, content = response.status_code, response.content
+        if 400 <= status < 500 and status not in (408, 429):
+            raise InferenceRejectedError(f"{url}: HTTP {status}: {content[:300]!r}")
         if status >= 400:
             raise InferenceError(f"{url}: HTTP {status}: {content[:200]!r}")
         try:
@@ -167,6 +169,9 @@ class APIServer(ABC):
         start = time.perf_counter()
         try:
             result = await call
+        except InferenceRejectedError:
+            self.breaker.record_success()
+            raise
         except InferenceError:
             self.failures += 1
             self.breaker.record_failure()

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from openai.types import Completion
@@ -26,7 +26,12 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.envs.server_handling.sglang_server import EmbeddedServer, SGLangServer
 from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
-from atroposlib.errors import ConfigError, InferenceError, InferenceUnavailableError
+from atroposlib.errors import (
+    ConfigError,
+    InferenceError,
+    InferenceRejectedError,
+    InferenceUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +124,8 @@ class ServerManager:
             waits = [s.breaker.seconds_until_retry() for s in servers]
             timeout = max(0.01, min([w for w in waits if w > 0] or [0.5]))
             self._slot_freed.clear()
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), timeout=timeout)
-            except TimeoutError:
-                pass
 
     async def _call(
         self,
@@ -136,6 +139,8 @@ class ServerManager:
             server = await self._acquire(split, pool)
             try:
                 return await op(server)
+            except InferenceRejectedError:
+                raise
             except InferenceError as exc:
                 attempt += 1
                 if attempt > self.max_retries:
@@ -167,18 +172,19 @@ class ServerManager:
             )
             return merge_choices(list(parts))
 
-        results = await asyncio.gather(
-            *(self._call(split, lambda s, c=chunk: one(s, c)) for chunk in self._chunks(n))
-        )
+        def op(chunk: int) -> Callable[[APIServer], Awaitable[Any]]:
+            return lambda server: one(server, chunk)
+
+        results = await asyncio.gather(*(self._call(split, op(c)) for c in self._chunks(n)))
         return merge_choices(list(results))
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
         """``/chat/completions`` with OpenAI kwargs; ``split="eval"`` uses eval capacity."""
-        return await self._fan_out("chat", kwargs)  # type: ignore[no-any-return]
+        return await self._fan_out("chat", kwargs)
 
     async def completion(self, **kwargs: Any) -> Completion:
         """``/completions`` with OpenAI kwargs; ``split="eval"`` uses eval capacity."""
-        return await self._fan_out("completion", kwargs)  # type: ignore[no-any-return]
+        return await self._fan_out("completion", kwargs)
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
@@ -191,12 +197,11 @@ class ServerManager:
                 f"(configured: {sorted({s.config.server_type for s in self.servers})})"
             )
         split = "eval" if sampling.get("split", "train") != "train" else "train"
-        results = await asyncio.gather(
-            *(
-                self._call(split, lambda s, c=chunk: s.generate(input_ids, c, sampling), pool)
-                for chunk in self._chunks(n)
-            )
-        )
+
+        def op(chunk: int) -> Callable[[APIServer], Awaitable[list[GeneratedSequence]]]:
+            return lambda server: server.generate(input_ids, chunk, sampling)
+
+        results = await asyncio.gather(*(self._call(split, op(c), pool) for c in self._chunks(n)))
         return [sequence for chunk in results for sequence in chunk]
 
     @asynccontextmanager

@@ -30,7 +30,7 @@ def sglang_sampling_params(sampling: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def parse_sglang_output(entry: Any) -> GeneratedSequence:
-    """One ``/generate`` answer entry as a GeneratedSequence (raises InferenceError if malformed)."""
+    """One ``/generate`` answer entry; InferenceError when it is malformed."""
     try:
         meta = entry["meta_info"]
         pairs = meta["output_token_logprobs"]
@@ -62,7 +62,7 @@ class SGLangServer(OpenAIServer):
             "return_logprob": True,
         }
         data = await self.timed(split, self._generate(body, n))
-        return data  # type: ignore[no-any-return]
+        return data
 
     async def _generate(self, body: dict[str, Any], n: int) -> list[GeneratedSequence]:
         data = await self.post_json(f"{self.root_url}/generate", body)

@@ -47,7 +47,7 @@ class VLLMServer(OpenAIServer):
             return_tokens_as_token_ids=True,
             return_token_ids=True,
         )
-        return await self.timed(split, self._generate(body, n))  # type: ignore[no-any-return]
+        return await self.timed(split, self._generate(body, n))
 
     async def _generate(self, body: dict[str, Any], n: int) -> list[GeneratedSequence]:
         data = await self.post_json(f"{self.base_url}/completions", body)
