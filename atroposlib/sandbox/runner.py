@@ -75,15 +75,32 @@ async def arun_python(
 
 @functools.cache
 def detect_isolation() -> Isolation:
-    """Namespaces when ``unshare`` can create them here (checked once), else the audit hook."""
+    """Namespaces when ``unshare`` can create them here (checked once), else the audit hook.
+
+    ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) skips the check.
+    """
+    forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
+    if forced:
+        try:
+            return Isolation(forced)
+        except ValueError:
+            choices = ", ".join(mode.value for mode in Isolation)
+            raise SandboxError(
+                f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
+            ) from None
+    reason = "unshare is not installed"
     if shutil.which("unshare") is not None:
-        probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
-        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
-            return Isolation.NAMESPACES
-        logger.warning("unshare cannot create namespaces here: %s", probe.stderr_tail.strip())
+        try:
+            probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
+            if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
+                return Isolation.NAMESPACES
+            reason = probe.stderr_tail.strip() or probe.status.value
+        except SandboxError as error:
+            reason = str(error)
     logger.warning(
-        "code sandbox falls back to an audit hook: no network isolation for native code and "
-        "only the host's file permissions protect files%s",
+        "code sandbox falls back to an audit hook (%s): no network isolation for native code "
+        "and only the host's file permissions protect files%s",
+        reason,
         " (running as root: files are NOT protected)" if os.geteuid() == 0 else "",
     )
     return Isolation.AUDIT_HOOK

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from atroposlib.errors import SandboxError
 from atroposlib.sandbox import (
     Isolation,
     SandboxLimits,
@@ -235,3 +236,16 @@ async def test_async_runs_overlap():
 def test_stdin_is_given_to_the_program():
     result = run_python("print(input()[::-1])", stdin="abc\n", limits=FAST)
     assert result.stdout == "cba\n"
+
+
+def test_isolation_can_be_forced_by_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    detect_isolation.cache_clear()
+    monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", "audit_hook")
+    try:
+        assert detect_isolation() is Isolation.AUDIT_HOOK
+        monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", "chroot")
+        detect_isolation.cache_clear()
+        with pytest.raises(SandboxError, match="use one of namespaces, audit_hook"):
+            detect_isolation()
+    finally:
+        detect_isolation.cache_clear()
