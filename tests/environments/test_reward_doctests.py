@@ -9,6 +9,8 @@ import pytest
 from envcat_testlib import ENVIRONMENTS, load_env_module
 
 MODULES = [
+    "atroposlib.envs.reward_fns.registry",
+    "atroposlib.envs.reward_fns.builtin",
     "atroposlib.envs.reward_fns.answers",
     "atroposlib.envs.reward_fns.math_rewards",
     "atroposlib.envs.reward_fns.format_rewards",
@@ -20,7 +22,7 @@ MODULES = [
 @pytest.mark.parametrize("name", MODULES)
 def test_doctests(name: str) -> None:
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
 
@@ -39,6 +41,21 @@ def test_every_environment_folder_has_env_readme_and_config() -> None:
 
 @pytest.mark.parametrize("name", ENV_FOLDERS)
 def test_environment_doctests(name: str) -> None:
-    result = doctest.testmod(load_env_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        load_env_module(name), optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
+    )
     assert result.failed == 0
     assert (result.attempted > 0) is (name in WITH_DOCTESTS)
+
+
+def test_catalogue_rewards_are_registered_and_score_chats() -> None:
+    from atroposlib.envs.reward_fns import get_reward, list_rewards
+
+    names = {"gsm8k", "boxed_math", "answer_tag_format", "code_execution", "test_pass_rate",
+             "tool_call_match"}  # fmt: skip
+    assert names <= set(list_rewards())
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "\\boxed{4}"}]
+    assert get_reward("gsm8k")([chat, "\\boxed{5}"], answer=["#### 4"] * 2) == [1.0, 0.0]
+    assert get_reward("boxed_math")([chat], answer=["4"]) == [1.0]
+    tagged = [{"role": "assistant", "content": "<answer>4</answer>"}]
+    assert get_reward("answer_tag_format")([tagged, chat]) == [1.0, 0.0]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
+from atroposlib.envs.reward_fns.registry import completion_text, register_reward
 from atroposlib.sandbox import SandboxLimits, SandboxResult, SandboxStatus, run_python
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -46,21 +48,22 @@ def execution_reward(result: SandboxResult) -> float:
     return _EXECUTION_REWARD[result.status]
 
 
+@register_reward("code_execution")
 def code_execution_reward(
-    completions: Sequence[str], limits: SandboxLimits | None = None, **_: object
+    completions: Sequence[Any], limits: SandboxLimits | None = None, **_: object
 ) -> list[float]:
     """:func:`execution_reward` of each reply's program, run in the sandbox.
 
     >>> code_execution_reward(["```python\\nprint(6 * 7)\\n```", "x = 1", "def f(:", "1/0"])
     [1.0, 0.5, -0.5, -1.0]
     """
-    return [
-        execution_reward(run_python(extract_python_code(c), limits=limits)) for c in completions
-    ]
+    codes = [extract_python_code(completion_text(c)) for c in completions]
+    return [execution_reward(run_python(code, limits=limits)) for code in codes]
 
 
+@register_reward("test_pass_rate")
 def pass_rate_reward(
-    completions: Sequence[str],
+    completions: Sequence[Any],
     tests: Sequence[Sequence[str]],
     limits: SandboxLimits | None = None,
     **_: object,
@@ -75,7 +78,7 @@ def pass_rate_reward(
     """
     scores = []
     for completion, problem_tests in zip(completions, tests, strict=True):
-        code = extract_python_code(completion)
+        code = extract_python_code(completion_text(completion))
         scores.append(run_python(code, tests=list(problem_tests), limits=limits).pass_rate)
     return scores
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
+
+from atroposlib.envs.reward_fns.registry import completion_text, register_reward
 
 _SHAPE = re.compile(r"^\s*(?:<think>(?:(?!</?think>|</?answer>).)*</think>\s*)?"
                     r"<answer>(?:(?!</?answer>|</?think>).)*</answer>\s*$", re.DOTALL)  # fmt: skip
 
 
-def answer_tag_format_reward(completions: Sequence[str], **_: object) -> list[float]:
+@register_reward("answer_tag_format")
+def answer_tag_format_reward(completions: Sequence[Any], **_: object) -> list[float]:
     """1.0 for exactly one ``<answer>`` block (optionally after one ``<think>`` block) and
     nothing else around them, else 0.0.
 
@@ -23,4 +27,4 @@ def answer_tag_format_reward(completions: Sequence[str], **_: object) -> list[fl
     ... ])
     [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     """
-    return [1.0 if _SHAPE.match(completion) else 0.0 for completion in completions]
+    return [1.0 if _SHAPE.match(completion_text(c)) else 0.0 for c in completions]

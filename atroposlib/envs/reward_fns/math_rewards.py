@@ -10,8 +10,10 @@ import logging
 import re
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from atroposlib.envs.reward_fns.answers import extract_boxed, extract_final_number, strip_think
+from atroposlib.envs.reward_fns.registry import completion_text, register_reward
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +58,9 @@ def math_equivalent(prediction: str, gold: str) -> bool:
         return False
 
 
+@register_reward("boxed_math")
 def boxed_math_reward(
-    completions: Sequence[str], answer: Sequence[str], **_: object
+    completions: Sequence[Any], answer: Sequence[str], **_: object
 ) -> list[float]:
     """1.0 when the last ``\\boxed{}`` is equivalent to the answer, else 0.0 (no box: 0.0).
 
@@ -66,12 +69,13 @@ def boxed_math_reward(
     """
     scores = []
     for completion, gold in zip(completions, answer, strict=True):
-        boxed = extract_boxed(strip_think(completion))
+        boxed = extract_boxed(strip_think(completion_text(completion)))
         scores.append(1.0 if boxed is not None and math_equivalent(boxed, gold) else 0.0)
     return scores
 
 
-def gsm8k_reward(completions: Sequence[str], answer: Sequence[str], **_: object) -> list[float]:
+@register_reward("gsm8k")
+def gsm8k_reward(completions: Sequence[Any], answer: Sequence[str], **_: object) -> list[float]:
     """1.0 when the reply's final number (boxed or last) equals the GSM8K answer.
 
     ``answer`` may be the dataset's full solution text ending in ``#### n``.
@@ -82,7 +86,8 @@ def gsm8k_reward(completions: Sequence[str], answer: Sequence[str], **_: object)
     """
     scores = []
     for completion, gold in zip(completions, answer, strict=True):
-        predicted, expected = extract_final_number(completion), extract_final_number(gold)
+        predicted = extract_final_number(completion_text(completion))
+        expected = extract_final_number(gold)
         correct = predicted is not None and expected is not None
         scores.append(1.0 if correct and math_equivalent(predicted, expected) else 0.0)  # type: ignore[arg-type]
     return scores

@@ -11,6 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from atroposlib.envs.reward_fns.registry import completion_text, register_reward
+
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -73,8 +75,9 @@ def parse_tool_calls(text: str) -> list[str] | None:
     return calls
 
 
+@register_reward("tool_call_match")
 def tool_call_match_reward(
-    completions: Sequence[str], expected_calls: Sequence[Sequence[dict[str, Any]]], **_: object
+    completions: Sequence[Any], expected_calls: Sequence[Sequence[dict[str, Any]]], **_: object
 ) -> list[float]:
     """1.0 when the reply's calls equal the expected calls (as a multiset), 0.0 when they differ
     or no call is made, -0.5 when a block is malformed JSON. An empty expectation means "answer
@@ -92,7 +95,7 @@ def tool_call_match_reward(
     """
     scores = []
     for completion, calls in zip(completions, expected_calls, strict=True):
-        got = parse_tool_calls(completion)
+        got = parse_tool_calls(completion_text(completion))
         if got is None:
             scores.append(-0.5)
             continue
