@@ -29,6 +29,9 @@ FENCE = "```python\n{}\n```"
         (FENCE.format("while True:\n    pass"), -1.0),  # timeout
         (FENCE.format("import os\nos.remove('/etc/hostname')"), -1.0),  # adversarial: host file
         (FENCE.format("import socket\nsocket.create_connection(('8.8.8.8', 53), 1)"), -1.0),
+        (FENCE.format("x = bytearray(10 * 1024**3)"), -1.0),  # adversarial: 10 GB
+        (FENCE.format("import os\nwhile True:\n    os.fork()"), -1.0),  # adversarial: fork bomb
+        (FENCE.format("while True:\n    print('x' * 4096)"), -1.0),  # adversarial: output flood
         ("", 0.5),  # empty program runs silently
     ],
 )
