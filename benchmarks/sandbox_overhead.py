@@ -1,6 +1,6 @@
 """Cost of one sandboxed run of a trivial program, against a bare ``python -I -c`` subprocess.
 
-    python benchmarks/sandbox_overhead.py [--runs 20]
+    PYTHONPATH=. python benchmarks/sandbox_overhead.py [--runs 20]
 
 Prints the median wall time per run for the baseline (a plain subprocess, no limits), the
 audit-hook sandbox and the namespace sandbox (when this host allows it), and each ratio to

@@ -115,3 +115,72 @@ def load_env_module(name: str) -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class BrokerServer:
+    """The real broker (``python -m atroposlib.api``, memory store) on a free port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.log = (tmp / f"broker-{self.port}.log").open("wb")
+        args = [sys.executable, "-m", "atroposlib.api", "--port", str(self.port), "--store",
+                "memory"]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=child_env())  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError("broker did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def register_trainer(self, batch_size: int) -> None:
+        body = {"wandb_group": "g", "wandb_project": "p", "batch_size": batch_size,
+                "max_token_len": 2048, "checkpoint_dir": "ckpt", "save_checkpoint_interval": 0,
+                "starting_step": 0, "num_steps": 100}  # fmt: skip
+        httpx.post(self.url + "/register", json=body).raise_for_status()
+        httpx.get(self.url + "/batch").raise_for_status()
+
+    def pull_batches(
+        self, count: int, env: subprocess.Popen[bytes], timeout: float = 120
+    ) -> list[list[dict[str, Any]]]:
+        """Take ``count`` batches, giving up when ``env`` exits first or after ``timeout``."""
+        batches: list[list[dict[str, Any]]] = []
+        deadline = time.monotonic() + timeout
+        while len(batches) < count and time.monotonic() < deadline:
+            exited = env.poll() is not None
+            batch = httpx.get(self.url + "/batch", timeout=10).json()["batch"]
+            if batch:
+                batches.append(batch)
+            elif exited:
+                break
+            else:
+                time.sleep(0.1)
+        return batches
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def serve_env(
+    name: str, server: ScriptedServer, broker: BrokerServer, tmp: Path, *flags: str
+) -> subprocess.Popen[bytes]:
+    """``python environments/<name>/env.py serve ...`` in the background."""
+    args = [
+        sys.executable, str(ENVIRONMENTS / name / "env.py"), "serve",
+        f"--openai.base_url={server.url}/v1", "--openai.model_name=scripted",
+        "--openai.api_key=x", f"--env.tokenizer_name={tokenizer_path()}",
+        f"--env.rollout_server_url={broker.url}", "--no-env.use_wandb", *flags,
+    ]  # fmt: skip
+    log = (tmp / f"serve-{name}.log").open("wb")
+    return subprocess.Popen(args, cwd=tmp, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
