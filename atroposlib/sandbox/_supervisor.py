@@ -22,7 +22,7 @@ import traceback
 from typing import Any
 
 EXIT_OK, EXIT_RUNTIME, EXIT_SYNTAX, EXIT_MEMORY, EXIT_SIGNAL_BASE, EXIT_SETUP = 0, 1, 2, 3, 64, 70
-_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 0x4000, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 4096, 0x4000, 1 << 18
 _SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 _BLOCKED_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo",
@@ -59,11 +59,44 @@ def _set_readonly(path: str, readonly: bool) -> None:
     _check(ret, f"mount_setattr {path}")
 
 
-def _isolate_filesystem(workdir: str) -> None:
-    """Everything read-only except ``workdir``; /proc shows only this PID namespace."""
+def _kept_paths(workdir: str) -> list[str]:
+    """What the program needs under a hidden directory: Python itself and its working dir."""
+    candidates = [sys.base_prefix, sys.prefix, sys.exec_prefix, *sys.path, workdir,
+                  os.path.dirname(os.path.realpath(sys.executable))]  # fmt: skip
+    paths = sorted({os.path.realpath(p) for p in candidates if p and os.path.exists(p)}, key=len)
+    kept: list[str] = []
+    for path in paths:
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _hide(hidden: list[str], kept: list[str]) -> None:
+    """Cover each hidden directory (home, /tmp...) with an empty tmpfs; bind kept paths back."""
+    for directory in sorted({os.path.realpath(d) for d in hidden}, key=len):
+        inside = [p for p in kept if p.startswith(directory.rstrip("/") + "/")]
+        if not os.path.isdir(directory) or directory in kept or directory == "/":
+            continue
+        handles = [(path, os.open(path, os.O_PATH)) for path in inside]
+        flags = _MS_NOSUID | _MS_NODEV
+        ret = _libc.mount(b"tmpfs", directory.encode(), b"tmpfs", flags, b"size=64k,mode=0755")
+        _check(ret, f"hide {directory}")
+        for path, fd in handles:
+            os.makedirs(path, exist_ok=True)
+            source = f"/proc/self/fd/{fd}".encode()
+            _check(
+                _libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"keep {path}"
+            )
+            os.close(fd)
+
+
+def _isolate_filesystem(workdir: str, hidden: list[str]) -> None:
+    """Everything read-only except ``workdir``; ``hidden`` directories look empty (but for the
+    Python installation); /proc shows only this PID namespace."""
     _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
     # A masked host /proc refuses a fresh proc mount; the host one then stays (read-only).
     _libc.mount(b"proc", b"/proc", b"proc", 0, None)
+    _hide(hidden, _kept_paths(workdir))
     _check(_libc.mount(workdir.encode(), workdir.encode(), None, _MS_BIND, None), "bind workdir")
     _set_readonly("/", True)
     _set_readonly(workdir, False)
@@ -167,7 +200,7 @@ def main() -> int:
         return EXIT_SYNTAX
     try:
         if spec["namespaces"]:
-            _isolate_filesystem(spec["workdir"])
+            _isolate_filesystem(spec["workdir"], spec["hidden"])
     except OSError as error:
         sys.stderr.write(f"sandbox setup failed: {error}\n")
         return EXIT_SETUP

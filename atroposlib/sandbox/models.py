@@ -22,8 +22,9 @@ class Isolation(StrEnum):
     """How the program is kept away from the host.
 
     ``namespaces``: ``unshare`` user + network + PID + mount namespaces: no network interface but
-    an unconfigured loopback, a read-only filesystem except the working directory, every
-    capability dropped, and every leftover process killed with the namespace's PID 1.
+    an unconfigured loopback, a read-only filesystem except the working directory, home and
+    temporary directories shown empty (but for the Python installation), every capability
+    dropped, and every leftover process killed with the namespace's PID 1.
     ``audit_hook``: where namespaces are refused, an audit hook in the child refuses sockets and
     new programs, and the host's file permissions are the only filesystem protection; native code
     (ctypes) can get around it.

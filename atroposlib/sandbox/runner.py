@@ -106,6 +106,14 @@ def detect_isolation() -> Isolation:
     return Isolation.AUDIT_HOOK
 
 
+def hidden_directories() -> list[str]:
+    """Directories the program sees empty: homes and temporary directories (other users'
+    files, credentials), except the Python installation the program runs on."""
+    candidates = [Path.home(), Path("/root"), Path("/home"), Path(tempfile.gettempdir()),
+                  Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]  # fmt: skip
+    return sorted({str(path) for path in candidates if path.is_dir()})
+
+
 def _run(
     code: str,
     tests: list[str],
@@ -126,6 +134,7 @@ def _run(
         "limits": limits.model_dump(),
         "test_seconds": limits.test_seconds,
         "namespaces": isolation is Isolation.NAMESPACES,
+        "hidden": hidden_directories(),
         "nonce": nonce,
         "report_fd": report_write if tests else None,
     }

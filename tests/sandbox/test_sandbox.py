@@ -145,7 +145,7 @@ def test_socket_to_the_host_is_refused(isolation):
     assert accepted == []
 
 
-def test_files_outside_the_working_directory_are_untouched(tmp_path: Path):
+def test_files_outside_the_working_directory_are_unreadable_and_untouched(tmp_path: Path):
     isolation = detect_isolation()
     assert isolation is Isolation.NAMESPACES or os.geteuid() != 0, (
         "no namespaces and running as root: the sandbox cannot protect files on this host"
@@ -163,6 +163,11 @@ def test_files_outside_the_working_directory_are_untouched(tmp_path: Path):
             try:
                 action()
                 print('escaped')
+            except OSError:
+                pass
+        for secret in ({str(keep)!r}, os.path.expanduser("~root/.bash_history")):
+            try:
+                print("read", open(secret).read())
             except OSError:
                 pass
         open('inside.txt', 'w').write('fine')
