@@ -1,4 +1,4 @@
-"""Every reward module's doctests run as part of the suite (STYLE habit 7)."""
+"""The catalogue as a whole: reward doctests and registry, every folder complete, every config.yaml valid."""
 
 from __future__ import annotations
 
@@ -59,3 +59,21 @@ def test_catalogue_rewards_are_registered_and_score_chats() -> None:
     assert get_reward("boxed_math")([chat], answer=["4"]) == [1.0]
     tagged = [{"role": "assistant", "content": "<answer>4</answer>"}]
     assert get_reward("answer_tag_format")([tagged, chat]) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("name", ENV_FOLDERS)
+def test_config_yaml_parses_into_the_env_settings(name: str) -> None:
+    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.cli import parse_settings
+
+    module = load_env_module(name)
+    (env_cls,) = [
+        value for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, BaseEnv) and value is not BaseEnv
+    ]  # fmt: skip
+    settings = parse_settings(
+        env_cls, "serve", ["--config", str(ENVIRONMENTS / name / "config.yaml")]
+    )
+    assert isinstance(settings.env, env_cls.env_config_cls)
+    assert settings.env.tokenizer_name == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert settings.openai is not None and settings.openai.base_url == "http://localhost:9001/v1"
