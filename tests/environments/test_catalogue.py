@@ -1,4 +1,4 @@
-"""The catalogue as a whole: reward doctests and registry, every folder complete, every config.yaml valid."""
+"""The catalogue as a whole: reward doctests and registry, complete folders, valid configs."""
 
 from __future__ import annotations
 
