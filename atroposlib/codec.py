@@ -74,11 +74,11 @@ def pack_group(group: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_arrays(rows: Any, dtype: np.dtype[Any]) -> list[np.ndarray]:
-    """One 1-D array per sequence from a list of bytes, lists or arrays (no validation)."""
+    """One writable 1-D array per sequence from a list of bytes, lists or arrays (no checks)."""
     out: list[np.ndarray] = []
     for row in rows:
         if isinstance(row, bytes | bytearray | memoryview):
-            out.append(np.frombuffer(row, dtype=dtype))
+            out.append(np.frombuffer(row, dtype=dtype).copy())
         else:
             out.append(np.asarray(row, dtype=dtype))
     return out

@@ -111,8 +111,10 @@ def create_app(
         if settings.api_key is not None and not bearer_ok(request, settings.api_key):
             raise _UnauthorizedError
 
+    public_docs = settings.api_key is None
     app = FastAPI(
         title="atroposlib broker",
+        openapi_url="/openapi.json" if public_docs else None,
         lifespan=lifespan,
         dependencies=[Depends(authorize)],
         exception_handlers=_error_handlers(),

@@ -11,10 +11,11 @@ import logging
 import secrets
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from atroposlib.api.packing import EnvShare, FairShareState, QueuedGroupRef, form_batch
+from atroposlib.api.envs import EnvRegistry
+from atroposlib.api.packing import FairShareState, QueuedGroupRef, form_batch
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import BatchRecord, GroupMeta, GroupStore, NewGroup
 from atroposlib.api.store.blob import decode_group, encode_group
@@ -23,7 +24,6 @@ from atroposlib.errors import (
     InvalidGroupError,
     QueueFullError,
     TrainerNotRegisteredError,
-    UnknownEnvError,
 )
 from atroposlib.protocol import (
     EnvRegistration,
@@ -38,7 +38,8 @@ from atroposlib.protocol import (
 
 logger = logging.getLogger(__name__)
 
-MIN_ENV_WEIGHT = 0.01
+RECENT_BYTES = 16 * 1024 * 1024
+"""Memory bound of the groups kept for /recent_groups and /latest_example."""
 EMPTY_EXAMPLE: dict[str, list[Any]] = {
     name: []
     for name in (
@@ -48,23 +49,16 @@ EMPTY_EXAMPLE: dict[str, list[Any]] = {
 }  # fmt: skip
 
 
-@dataclass(slots=True)
-class EnvRecord:
-    env_id: int
-    desired_name: str
-    wandb_name: str
-    max_token_length: int
-    weight: float
-    group_size: int
-    min_batch_allocation: float | None
-    connected: bool = True
-
-
 @dataclass(frozen=True, slots=True)
 class IngestResult:
     accepted: int
     duplicates: int
     dropped: int
+
+
+def _trainer_identity(registration: TrainerRegistration) -> tuple[str, str, str]:
+    """A trainer that re-registers with the same identity is resuming (and may rewind)."""
+    return (registration.wandb_project, registration.wandb_group, registration.checkpoint_dir)
 
 
 def _fresh_state() -> dict[str, Any]:
@@ -82,10 +76,13 @@ def _fresh_state() -> dict[str, Any]:
 
 
 class Broker:
+    """Queue, batches and registrations of one broker, kept in step with its store."""
+
     def __init__(self, store: GroupStore, settings: BrokerSettings) -> None:
         self.store = store
         self.settings = settings
-        self._recent: deque[bytes] = deque(maxlen=settings.recent_groups_kept)
+        self._recent: deque[bytes] = deque()
+        self._recent_bytes = 0
         self._load()
 
     # -- state -------------------------------------------------------------------------
@@ -93,20 +90,26 @@ class Broker:
     def _load(self) -> None:
         snapshot = self.store.load()
         self._state = {**_fresh_state(), **snapshot.state}
-        self._envs = [EnvRecord(**env) for env in self._state["envs"]]
+        self._envs = EnvRegistry(self._state["envs"])
+        saved_trainer = self._state["trainer"]
+        self._trainer = (
+            None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
+        )
         self._fair = FairShareState.from_dict(self._state["fair_share"])
         self._queue: dict[int, GroupMeta] = {}
         self._queued_bytes = 0
         self._env_sequences: Counter[int | None] = Counter()
         self._env_groups: Counter[int | None] = Counter()
         self._sizes: Counter[int] = Counter()
+        self._refs: dict[int, QueuedGroupRef] = {}
         for meta in snapshot.queued:
             self._enqueue(meta)
         self._batched = snapshot.batched
         self._batches = {batch.step: batch for batch in snapshot.batches}
-
-    def _save_envs(self) -> None:
-        self._state["envs"] = [asdict(env) for env in self._envs]
+        kept = self.settings.recent_groups_kept
+        newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
+        for blob in self.store.payloads(newest):
+            self._remember(blob)
 
     def _count(self, name: str, amount: int = 1) -> None:
         counters = self._state["counters"]
@@ -114,6 +117,7 @@ class Broker:
 
     def _enqueue(self, meta: GroupMeta) -> None:
         self._queue[meta.key] = meta
+        self._refs[meta.key] = QueuedGroupRef(meta.key, meta.env_id, meta.size)
         self._queued_bytes += meta.nbytes
         self._env_sequences[meta.env_id] += meta.size
         self._env_groups[meta.env_id] += 1
@@ -121,6 +125,7 @@ class Broker:
 
     def _dequeue(self, key: int) -> GroupMeta:
         meta = self._queue.pop(key)
+        del self._refs[key]
         self._queued_bytes -= meta.nbytes
         self._env_sequences[meta.env_id] -= meta.size
         self._env_groups[meta.env_id] -= 1
@@ -138,8 +143,7 @@ class Broker:
 
     @property
     def trainer(self) -> TrainerRegistration | None:
-        raw = self._state["trainer"]
-        return None if raw is None else TrainerRegistration.model_validate(raw)
+        return self._trainer
 
     def _require_trainer(self) -> TrainerRegistration:
         trainer = self.trainer
@@ -149,11 +153,6 @@ class Broker:
             )
         return trainer
 
-    def _env(self, env_id: int) -> EnvRecord:
-        if not 0 <= env_id < len(self._envs):
-            raise UnknownEnvError(env_id)
-        return self._envs[env_id]
-
     @property
     def counters(self) -> dict[str, int]:
         return dict(self._state["counters"])
@@ -161,10 +160,6 @@ class Broker:
     @property
     def current_step(self) -> int:
         return int(self._state["current_step"])
-
-    @property
-    def envs(self) -> list[EnvRecord]:
-        return list(self._envs)
 
     def queue_depth_by_env(self) -> dict[int | None, tuple[int, int]]:
         """(groups, sequences) queued per env id."""
@@ -181,7 +176,18 @@ class Broker:
     # -- trainer -------------------------------------------------------------------------
 
     def register_trainer(self, registration: TrainerRegistration) -> int:
+        current = self._trainer
+        if current is not None and _trainer_identity(current) != _trainer_identity(registration):
+            # A second consumer (a data tool such as atropos-sft-gen, a viewer) must not
+            # rewind the running trainer's step; Atropos ignored such registrations too.
+            logger.info(
+                "registration from %s/%s (%s) kept as an observer: trainer %s/%s owns the run",
+                registration.wandb_project, registration.wandb_group, registration.checkpoint_dir,
+                current.wandb_project, current.wandb_group,
+            )  # fmt: skip
+            return secrets.randbits(63)
         self._state["trainer"] = registration.model_dump()
+        self._trainer = registration
         self._state["trainer_uuid"] = secrets.randbits(63)
         too_large = [k for k, m in self._queue.items() if m.size > registration.batch_size]
         self._drop(too_large, "group_too_large")
@@ -235,8 +241,10 @@ class Broker:
                 self.store.set_delivered([step], True, self._state)
                 return step, self._load_groups(batch.keys)
         self._drop_stale(trainer)
-        refs = [QueuedGroupRef(key, m.env_id, m.size) for key, m in self._queue.items()]
-        keys = form_batch(refs, trainer.batch_size, self._shares(), self._fair)
+        if sum(self._env_sequences.values()) < trainer.batch_size:
+            return None
+        refs = list(self._refs.values())  # arrival order: dicts keep insertion order
+        keys = form_batch(refs, trainer.batch_size, self._envs.shares(), self._fair)
         if keys is None:
             return None
         step = self.current_step + 1
@@ -258,13 +266,6 @@ class Broker:
 
     def _load_groups(self, keys: Sequence[int]) -> list[dict[str, Any]]:
         return [decode_group(blob) for blob in self.store.payloads(keys)]
-
-    def _shares(self) -> dict[int | None, EnvShare]:
-        shares: dict[int | None, EnvShare] = {}
-        for env in self._envs:
-            minimum = env.min_batch_allocation if env.connected else None
-            shares[env.env_id] = EnvShare(weight=env.weight, min_allocation=minimum)
-        return shares
 
     def _drop_stale(self, trainer: TrainerRegistration) -> None:
         if trainer.max_staleness is None:
@@ -292,20 +293,9 @@ class Broker:
         trainer = self.trainer
         if trainer is None or not self._state["started"]:
             return WaitForTrainerResponse()
-        same_name = sum(env.desired_name == registration.desired_name for env in self._envs)
-        env = EnvRecord(
-            env_id=len(self._envs),
-            desired_name=registration.desired_name,
-            wandb_name=f"{registration.desired_name}_{same_name}",
-            max_token_length=registration.max_token_length,
-            weight=registration.weight,
-            group_size=registration.group_size,
-            min_batch_allocation=registration.min_batch_allocation,
-        )
-        self._envs.append(env)
-        self._save_envs()
+        env = self._envs.register(registration)
+        self._state["envs"] = self._envs.to_state()
         self.store.save_state(self._state)
-        logger.info("env %d registered as %s", env.env_id, env.wandb_name)
         return EnvRegistrationResponse(
             env_id=env.env_id,
             wandb_name=env.wandb_name,
@@ -316,45 +306,31 @@ class Broker:
         )
 
     def disconnect_env(self, env_id: int) -> None:
-        self._env(env_id).connected = False
-        self._save_envs()
+        self._envs.disconnect(env_id)
+        self._state["envs"] = self._envs.to_state()
         self.store.save_state(self._state)
 
     def status(self) -> StatusResponse:
         return StatusResponse(current_step=self.current_step, queue_size=len(self._queue))
 
     def status_env(self, env_id: int) -> EnvStatusResponse:
-        env = self._env(env_id)
-        connected = [e for e in self._envs if e.connected]
-        total = sum(e.max_token_length * max(0.0, e.weight) for e in connected)
-        weight = env.max_token_length * env.weight / total if total > 0 else 1.0
-        minimums = [e.min_batch_allocation or 0.0 for e in connected]
         trainer = self.trainer
-        batch_size = trainer.batch_size if trainer else 0
-        reserved: dict[int | None, int] = {
-            e.env_id: int(batch_size * (e.min_batch_allocation or 0.0)) for e in connected
-        }
-        own = self._env_sequences[env_id]
-        others = sum(
-            max(0, sequences - reserved.get(other, 0))
-            for other, sequences in self._env_sequences.items()
-            if other != env_id
-        )
-        return EnvStatusResponse(
+        return self._envs.status(
+            env_id,
             current_step=self.current_step,
-            queue_size=(own + others) // env.group_size,
-            unallocated_fraction=1.0 - min(1.0, sum(minimums)),
-            self_queue_size=own // env.group_size,
+            batch_size=trainer.batch_size if trainer else 0,
+            queued_sequences=self._env_sequences,
             max_group_size=max((size for size, n in self._sizes.items() if n), default=1),
-            env_weight=max(MIN_ENV_WEIGHT, weight),
         )
 
     # -- ingest --------------------------------------------------------------------------
 
-    def _check(self, raw: Any, trainer: TrainerRegistration | None) -> tuple[CheckedGroup, bool]:
+    def _check(
+        self, raw: Any, trainer: TrainerRegistration | None
+    ) -> tuple[CheckedGroup, bool, bytes]:
         checked = check_group(raw, batch_size=trainer.batch_size if trainer else None)
         if checked.env_id is not None:
-            self._env(checked.env_id)
+            self._envs.get(checked.env_id)
         too_long = trainer is not None and checked.max_len > trainer.max_token_len
         if too_long and self.settings.too_long_policy == "reject":
             assert trainer is not None
@@ -363,12 +339,12 @@ class Broker:
                 f"a sequence has {checked.max_len} tokens, more than the trainer's max_token_len "
                 f"{trainer.max_token_len}; truncate or filter it before sending",
             )
-        return checked, too_long
+        return checked, too_long, encode_group(checked.group)
 
     def ingest(self, raws: Sequence[Any], *, as_list: bool = False) -> IngestResult:
         """Validate every group, then queue all of them or none (errors name the index)."""
         trainer = self.trainer
-        checked: list[tuple[CheckedGroup, bool]] = []
+        checked: list[tuple[CheckedGroup, bool, bytes]] = []
         for index, raw in enumerate(raws):
             try:
                 checked.append(self._check(raw, trainer))
@@ -376,11 +352,11 @@ class Broker:
                 if not as_list:
                     raise
                 raise InvalidGroupError(f"[{index}].{err.field}", err.message) from err
-        ids = {c.group_id for c, _ in checked if c.group_id is not None}
+        ids = {c.group_id for c, _, _ in checked if c.group_id is not None}
         seen = self.store.seen_group_ids(ids) if ids else set()
-        fresh: list[CheckedGroup] = []
+        fresh: list[tuple[CheckedGroup, bytes]] = []
         duplicates = dropped = 0
-        for group, too_long in checked:
+        for group, too_long, blob in checked:
             if group.group_id is not None and group.group_id in seen:
                 duplicates += 1
                 continue
@@ -389,12 +365,10 @@ class Broker:
             if too_long:
                 dropped += 1
                 continue
-            fresh.append(group)
-        blobs = [encode_group(group.group) for group in fresh]
-        new_bytes = sum(len(blob) for blob in blobs)
-        self._check_room(len(fresh), new_bytes)
+            fresh.append((group, blob))
+        self._check_room(len(fresh), sum(len(blob) for _, blob in fresh))
         new: list[NewGroup] = []
-        for group, blob in zip(fresh, blobs, strict=True):
+        for group, blob in fresh:
             key = int(self._state["next_key"])
             self._state["next_key"] = key + 1
             meta = GroupMeta(
@@ -410,7 +384,7 @@ class Broker:
             self.store.add_groups(new, self._state)
         for stored in new:
             self._enqueue(stored.meta)
-            self._recent.append(stored.blob)
+            self._remember(stored.blob)
         if dropped:
             logger.warning("dropped %d group(s) with sequences past max_token_len", dropped)
         return IngestResult(accepted=len(new), duplicates=duplicates, dropped=dropped)
@@ -430,6 +404,18 @@ class Broker:
 
     # -- read-only views -----------------------------------------------------------------
 
+    def _remember(self, blob: bytes) -> None:
+        """Keep the newest groups for /recent_groups, by count and within RECENT_BYTES."""
+        if self.settings.recent_groups_kept == 0:
+            return
+        self._recent.append(blob)
+        self._recent_bytes += len(blob)
+        while len(self._recent) > 1 and (
+            len(self._recent) > self.settings.recent_groups_kept
+            or self._recent_bytes > RECENT_BYTES
+        ):
+            self._recent_bytes -= len(self._recent.popleft())
+
     def latest_example(self) -> dict[str, Any]:
         return decode_group(self._recent[-1]) if self._recent else dict(EMPTY_EXAMPLE)
 
@@ -442,5 +428,6 @@ class Broker:
     def reset(self) -> None:
         self.store.reset()
         self._recent.clear()
+        self._recent_bytes = 0
         self._load()
         logger.info("broker reset: queue, batches, trainer and envs cleared")

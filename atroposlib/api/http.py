@@ -30,24 +30,30 @@ class Inflater:
         self._out = bytearray()
 
     def feed(self, data: bytes) -> None:
+        if self._inflater.eof and data:
+            raise RequestBodyError(400, "gzip body has trailing data after its end")
         pending = data
-        while pending:
-            if self._inflater.eof:
-                raise RequestBodyError(400, "gzip body has trailing data after its end")
-            room = self.limit - len(self._out) + 1
+        while True:
+            room = min(self.limit - len(self._out) + 1, _CHUNK)
             try:
-                self._out += self._inflater.decompress(pending, min(room, _CHUNK))
+                produced = self._inflater.decompress(pending, room)
             except zlib.error as err:
                 raise RequestBodyError(
                     400, f"body is not valid gzip ({err}); drop Content-Encoding or fix the body"
                 ) from err
+            self._out += produced
             if len(self._out) > self.limit:
                 raise RequestBodyError(
                     413, f"inflated body exceeds {self.limit} bytes (max_inflated_bytes)"
                 )
             pending = self._inflater.unconsumed_tail
+            if self._inflater.eof or (not pending and len(produced) < room):
+                break
+        if self._inflater.unused_data:
+            raise RequestBodyError(400, "gzip body has trailing data after its end")
 
     def finish(self) -> bytes:
+        self.feed(b"")
         if not self._inflater.eof:
             raise RequestBodyError(400, "gzip body is truncated; send the whole gzip stream")
         return bytes(self._out)

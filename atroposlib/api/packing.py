@@ -25,17 +25,21 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
+
+__all__ = ["EnvShare", "FairShareState", "QueuedGroupRef", "form_batch"]
 
 logger = logging.getLogger(__name__)
 
 EnvKey = int | None
 _NONE_ENV = "none"
 _size_of = attrgetter("size")
+_env_of = attrgetter("env_id")
+_SKIPS_BEFORE_INDEXING = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,68 +105,107 @@ def form_batch(
     when no subset of the queue can; mutates `state` only when it returns a batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    by_env: defaultdict[EnvKey, list[QueuedGroupRef]] = defaultdict(list)
-    for group in queue:
-        by_env[group.env_id].append(group)
-    counts = Counter(map(_size_of, queue))
-    if min(counts, default=1) < 1:
-        raise ValueError(f"group sizes must be >= 1, got {min(counts)}")
-    for size in [size for size in counts if size > batch_size]:
-        del counts[size]
+    if not queue:
+        return None
+    # Columns built at C speed; everything after touches only the groups it considers.
+    sizes = list(map(_size_of, queue))
+    distinct = set(sizes)
+    if min(distinct) < 1:
+        raise ValueError(f"group sizes must be >= 1, got {min(distinct)}")
+    counts = {
+        size: _count_up_to(sizes, size, 2 * (batch_size // size))
+        for size in distinct
+        if size <= batch_size
+    }
     if not reach(counts, batch_size) >> batch_size & 1:
         return None
-    if max(counts) < max(map(_size_of, queue)):
-        by_env = _without_oversized(by_env, batch_size)
-    pool = SizePool(counts, batch_size)
-
-    packer = _Packer(by_env, batch_size, shares, state, pool)
+    packer = _Packer(queue, sizes, batch_size, shares, state, SizePool(counts, batch_size))
     packer.reserve_minimums()
     packer.fill_fair_share()
-    packer.commit(state)
-    return sorted(packer.chosen)
+    packer.commit(state, oversized=max(distinct) > batch_size)
+    return sorted(queue[position].key for position in packer.chosen)
 
 
-def _without_oversized(
-    by_env: Mapping[EnvKey, list[QueuedGroupRef]], batch_size: int
-) -> defaultdict[EnvKey, list[QueuedGroupRef]]:
-    """Drop groups larger than a batch (the broker rejects them at ingest; they never fit)."""
-    kept: defaultdict[EnvKey, list[QueuedGroupRef]] = defaultdict(list)
-    for env, groups in by_env.items():
-        usable = [group for group in groups if group.size <= batch_size]
-        if usable:
-            kept[env] = usable
-    return kept
+def _count_up_to(items: list[int], value: int, cap: int) -> int:
+    """How many times `value` occurs in `items`, counting no further than `cap`."""
+    if cap > 1024:
+        return min(items.count(value), cap)
+    found = 0
+    position = -1
+    while found < cap:
+        try:
+            position = items.index(value, position + 1)
+        except ValueError:  # no further occurrence
+            return found
+        found += 1
+    return found
 
 
 class _Packer:
-    """One batch under construction; holds the tentative virtual times until `commit`."""
+    """One batch under construction; holds the tentative virtual times until `commit`.
+
+    Groups are addressed by their position in the queue; each env walks its own groups with
+    ``list.index`` over the env column, so no per-env list of the whole queue is built.
+    """
 
     def __init__(
         self,
-        by_env: Mapping[EnvKey, list[QueuedGroupRef]],
+        queue: Sequence[QueuedGroupRef],
+        sizes: list[int],
         batch_size: int,
         shares: Mapping[EnvKey, EnvShare],
         state: FairShareState,
         pool: SizePool,
     ) -> None:
+        self.queue = queue
+        self.sizes = sizes
+        self.env_column = list(map(_env_of, queue))
         self.batch_size = batch_size
         self.remaining = batch_size
         self.pool = pool
         self.chosen: list[int] = []
         self.taken: set[int] = set()
-        self.envs = list(by_env)
-        self.groups = [by_env[env] for env in self.envs]
+        heads = {env: self.env_column.index(env) for env in set(self.env_column)}
+        self.envs = sorted(heads, key=heads.__getitem__)
+        self.heads = [heads[env] for env in self.envs]
         self.shares = [shares.get(env, _DEFAULT_SHARE) for env in self.envs]
         known = [state.virtual_time[env] for env in self.envs if env in state.virtual_time]
         floor = min(known, default=0.0)
         self.vtime = [max(state.virtual_time.get(env, floor), floor) for env in self.envs]
+        self._cursor = list(self.heads)
+        self._dead: set[int] = set()  # sizes that can no longer go in this batch
+        self._skipped = 0
+        # Built only after many skipped groups: the (env, size) pairs still ahead, so an env
+        # left with nothing but dead sizes is dropped without walking the rest of its queue.
+        self._ahead: set[tuple[EnvKey, int]] | None = None
 
-    def _take(self, index: int, group: QueuedGroupRef) -> None:
-        self.chosen.append(group.key)
-        self.taken.add(group.key)
-        self.remaining -= group.size
-        self.pool.take(group.size)
-        self.vtime[index] += group.size / self.shares[index].weight
+    def _next(self, index: int, position: int) -> int:
+        """Position of env `index`'s first group at or after `position`, or len(queue)."""
+        try:
+            return self.env_column.index(self.envs[index], position)
+        except ValueError:
+            return len(self.env_column)
+
+    def _positions(self, index: int, budget: int | None) -> list[int]:
+        """Env `index`'s groups, oldest first; with a budget, only until they hold that many
+        sequences (an env's oldest groups are the ones a reservation takes)."""
+        positions = []
+        held = 0
+        position = self.heads[index]
+        while position < len(self.env_column) and (budget is None or held < budget):
+            if self.sizes[position] <= self.batch_size:
+                positions.append(position)
+                held += self.sizes[position]
+            position = self._next(index, position + 1)
+        return positions
+
+    def _take(self, index: int, position: int) -> None:
+        size = self.sizes[position]
+        self.chosen.append(position)
+        self.taken.add(position)
+        self.remaining -= size
+        self.pool.take(size)
+        self.vtime[index] += size / self.shares[index].weight
 
     def reserve_minimums(self) -> None:
         """Pass 1: give each env with a minimum share its reserved sequences, oldest first."""
@@ -174,19 +217,27 @@ class _Packer:
                     wanted.append((index, reserved))
         if not wanted:
             return
-        wanted.sort(key=lambda item: (self.vtime[item[0]], self.groups[item[0]][0].key))
-        own_counts = [self._sizes(self.groups[index]) for index, _ in wanted]
-        rest = Counter(self.pool.counts)
-        for own in own_counts:
-            rest.subtract(own)
-        amounts = pick_reserved_amounts(
-            target=self.remaining,
-            own_reach=[reach(own, self.batch_size) for own in own_counts],
-            reserved=[reserved for _, reserved in wanted],
-            rest_reach=reach(+rest, self.batch_size),
-            limit=self.batch_size,
-        )
-        for (index, reserved), own, amount in zip(wanted, own_counts, amounts, strict=True):
+        wanted.sort(key=lambda item: (self.vtime[item[0]], self.heads[item[0]]))
+        floors = [floor for _, floor in wanted]
+        # Usually the oldest 2 * batch_size sequences of each env settle it; only when some
+        # reservation cannot be met that way is every group of those envs considered.
+        budget = 2 * self.batch_size
+        for attempt in (budget, None):
+            own_positions = [self._positions(index, attempt) for index, _ in wanted]
+            own_counts = [Counter(map(self.sizes.__getitem__, p)) for p in own_positions]
+            amounts = pick_reserved_amounts(
+                target=self.remaining,
+                own_reach=[reach(own, self.batch_size) for own in own_counts],
+                reserved=floors,
+                rest_reach=reach(self._rest_counts(own_counts), self.batch_size),
+                limit=self.batch_size,
+            )
+            held = [sum(map(self.sizes.__getitem__, p)) for p in own_positions]
+            if all(map(int.__ge__, amounts, floors)) or max(held) < budget:
+                break
+        for (index, reserved), positions, own, amount in zip(
+            wanted, own_positions, own_counts, amounts, strict=True
+        ):
             if amount < reserved:
                 logger.debug(
                     "env %r gets %d of its %d reserved sequences: no exact batch allows more",
@@ -194,56 +245,104 @@ class _Packer:
                     amount,
                     reserved,
                 )
-            self._take_exactly(index, own, amount)
+            self._take_exactly(index, positions, own, amount)
 
-    def _sizes(self, groups: Iterable[QueuedGroupRef]) -> Counter[int]:
-        return Counter(size for size in map(_size_of, groups) if size <= self.batch_size)
+    def _rest_counts(self, own_counts: list[Counter[int]]) -> dict[int, int]:
+        """Capped size counts of the pool without the given groups."""
+        rest = {}
+        for size, count in self.pool.counts.items():
+            cap = self.batch_size // size
+            owned = sum(own[size] for own in own_counts)
+            if count >= 2 * cap and count - owned < cap:  # the pool stopped counting at 2 * cap
+                count = _count_up_to(self.sizes, size, cap + owned)
+            rest[size] = min(count - owned, cap)
+        return rest
 
-    def _take_exactly(self, index: int, own: Counter[int], amount: int) -> None:
+    def _take_exactly(
+        self, index: int, positions: list[int], own: Counter[int], amount: int
+    ) -> None:
         """Take the oldest groups of one env that sum to exactly `amount`."""
         own_pool = SizePool(own, self.batch_size)
         left = amount
-        for group in self.groups[index]:
+        for position in positions:
             if left == 0:
                 return
-            if own_pool.can_take(group.size, left):
-                own_pool.take(group.size)
-                left -= group.size
-                self._take(index, group)
+            size = self.sizes[position]
+            if own_pool.can_take(size, left):
+                own_pool.take(size)
+                left -= size
+                self._take(index, position)
+        if left != 0:
+            raise AssertionError(f"reservation left {left} sequences unfilled; this is a bug")
 
     def fill_fair_share(self) -> None:
         """Pass 2: lowest virtual time first, oldest group that keeps a batch possible."""
-        dead: set[int] = set()
-        cursor = [0] * len(self.envs)
-        heap = [(self.vtime[i], groups[0].key, i) for i, groups in enumerate(self.groups)]
+        end = len(self.env_column)
+        heap = [(self.vtime[i], head, i) for i, head in enumerate(self.heads)]
         heapq.heapify(heap)
         while self.remaining > 0 and heap:
-            _, head_key, index = heapq.heappop(heap)
-            groups = self.groups[index]
-            position = cursor[index]
-            while position < len(groups):
-                group = groups[position]
-                if group.key not in self.taken and group.size not in dead:
-                    if self.pool.can_take(group.size, self.remaining):
-                        break
-                    dead.add(group.size)
-                position += 1
-            cursor[index] = position
-            if position == len(groups):
+            _, head, index = heapq.heappop(heap)
+            position = self._usable(index)
+            if position == end:
                 continue
-            if group.key != head_key:
-                heapq.heappush(heap, (self.vtime[index], group.key, index))
+            if position != head:  # skipped groups that can no longer go in: re-queue the env
+                heapq.heappush(heap, (self.vtime[index], position, index))
                 continue
-            self._take(index, group)
-            cursor[index] = position + 1
-            if position + 1 < len(groups):
-                heapq.heappush(heap, (self.vtime[index], groups[position + 1].key, index))
+            self._take(index, position)
+            position = self._cursor[index] = self._next(index, position + 1)
+            if position < end:
+                heapq.heappush(heap, (self.vtime[index], position, index))
         if self.remaining != 0:
             raise AssertionError(f"packing left {self.remaining} sequences unfilled; this is a bug")
 
-    def commit(self, state: FairShareState) -> None:
-        """Store the new virtual times, shifted so the least served backlogged env is at 0."""
-        base = min(self.vtime)
+    def _usable(self, index: int) -> int:
+        """Env `index`'s oldest group that can still go in the batch, or len(queue) if none.
+
+        A size that cannot complete the batch now never can later in it (the target only
+        shrinks by picks from the same pool), so skipped groups stay skipped.
+        """
+        end = len(self.env_column)
+        position = self._cursor[index]
+        while position < end:
+            if self._ahead is not None and self._exhausted(index, self._ahead):
+                position = end
+                break
+            size = self.sizes[position]
+            if position not in self.taken and size not in self._dead:
+                if self.pool.can_take(size, self.remaining):
+                    break
+                self._dead.add(size)
+            self._skipped += 1
+            if self._ahead is None and self._skipped > _SKIPS_BEFORE_INDEXING:
+                start = min(self._cursor)
+                self._ahead = set(zip(self.env_column[start:], self.sizes[start:], strict=True))
+            position = self._next(index, position + 1)
+        self._cursor[index] = position
+        return position
+
+    def _exhausted(self, index: int, ahead: set[tuple[EnvKey, int]]) -> bool:
+        """Whether no size that could still go in the batch is among env `index`'s groups."""
+        env = self.envs[index]
+        return not any(
+            (env, size) in ahead
+            for size in self.pool.counts
+            if size <= self.remaining and size not in self._dead
+        )
+
+    def commit(self, state: FairShareState, oversized: bool) -> None:
+        """Store the new virtual times, shifted so the least served backlogged env is at 0.
+
+        Envs without queued data are lifted to at least 0, so idling banks no credit.
+        """
+        backlogged = self.vtime
+        if oversized:  # an env holding only groups larger than a batch is not backlogged
+            usable = {
+                env
+                for env, size in zip(self.env_column, self.sizes, strict=True)
+                if size <= self.batch_size
+            }
+            backlogged = [v for env, v in zip(self.envs, self.vtime, strict=True) if env in usable]
+        base = min(backlogged)
         virtual_time = state.virtual_time
         for env, value in virtual_time.items():
             virtual_time[env] = max(value - base, 0.0)
@@ -279,7 +378,8 @@ class SizePool:
     """The sizes of the groups still available, answering whether a pick keeps a batch possible.
 
     Counts above ``limit // size`` cannot change any sum <= limit, so caches built from the
-    other sizes stay valid while a pick leaves the capped counts alone (the usual case).
+    other sizes stay valid while a pick leaves the capped counts alone. Counting each size up
+    to twice its cap makes that the usual case: one batch takes at most the cap.
     """
 
     def __init__(self, counts: Mapping[int, int], limit: int) -> None:
@@ -313,15 +413,32 @@ class SizePool:
             self._others = {} if kept is None else {size: kept}
 
 
+def _runs(bits: int) -> int:
+    """How many maximal blocks of consecutive set bits `bits` has."""
+    return (bits & ~(bits << 1)).bit_count()
+
+
 def _sumset(left: int, right: int, mask: int) -> int:
-    """Bitset of a + b for every a in `left` and b in `right`, cut at `mask`."""
-    if left.bit_count() > right.bit_count():
+    """Bitset of a + b for every a in `left` and b in `right`, cut at `mask`.
+
+    Walks the operand with fewer blocks of consecutive bits; a block of length n adds
+    `right` smeared over n positions, which takes log2(n) shifts.
+    """
+    if _runs(left) > _runs(right):
         left, right = right, left
     total = 0
     while left:
         low = left & -left
-        total |= right << (low.bit_length() - 1)
-        left ^= low
+        start = low.bit_length() - 1
+        rest = (left + low) & left
+        length = (left ^ rest).bit_length() - start
+        smeared, covered = right, 1
+        while covered < length:
+            step = min(covered, length - covered)
+            smeared |= smeared << step
+            covered += step
+        total |= smeared << start
+        left = rest
     return total & mask
 
 

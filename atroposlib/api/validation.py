@@ -1,7 +1,8 @@
 """Fast checks of one decoded group (a dict from JSON or msgpack), with numpy, no pydantic.
 
 The rules are those of :class:`atroposlib.protocol.ScoredData` plus what a trainer needs:
-aligned lengths, finite numbers, at least one sequence. A failure raises
+aligned lengths, finite numbers, at least one sequence, token ids and masks that are numbers
+(not numeric strings) within int32. A failure raises
 :class:`InvalidGroupError` naming the field and the fix. The result holds the per-token fields
 as 1-D numpy arrays (int32 / float32), ready for the store.
 """
@@ -38,6 +39,15 @@ class CheckedGroup:
     policy_version: int | None
 
 
+def _integral_int32(arr: np.ndarray) -> bool:
+    finite = bool(np.isfinite(arr).all())
+    return finite and bool((arr == arr.round()).all()) and _in_int32(arr)
+
+
+def _in_int32(arr: np.ndarray) -> bool:
+    return bool(arr.min() >= _INT32.min and arr.max() <= _INT32.max)
+
+
 def _int_row(field: str, index: int, row: Any) -> np.ndarray:
     if isinstance(row, bytes | bytearray | memoryview):
         if len(row) % 4:
@@ -53,11 +63,11 @@ def _int_row(field: str, index: int, row: Any) -> np.ndarray:
         raise InvalidGroupError(f"{field}[{index}]", f"must be a list of integers ({err})") from err
     if arr.ndim != 1:
         raise InvalidGroupError(f"{field}[{index}]", "must be a flat list of integers")
-    if arr.size and arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == arr.round()).all():
+    if arr.size and arr.dtype.kind == "f" and _integral_int32(arr):
         arr = arr.astype(np.int64)
     if arr.size and arr.dtype.kind not in "iu":
         raise InvalidGroupError(f"{field}[{index}]", "must be a list of integers")
-    if arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
+    if arr.size and not _in_int32(arr):
         raise InvalidGroupError(f"{field}[{index}]", "values must fit in int32")
     return arr.astype(PACKED_DTYPES[field], copy=False)
 

@@ -6,11 +6,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
 
 logger = logging.getLogger("atroposlib.api")
@@ -44,6 +42,17 @@ def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
+    import uvicorn  # after parsing, so that --help and bad flags answer at once
+
+    from atroposlib.api.app import create_app
+    from atroposlib.api.store import open_store
+    from atroposlib.errors import ConfigError
+
+    try:
+        open_store(settings.store).close()
+    except ConfigError as err:
+        print(f"run-api: error: --store: {err}", file=sys.stderr)
+        raise SystemExit(1) from err
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -162,6 +162,10 @@ class BaseEnv(ABC):
     def completion_lengths(self) -> list[int]:
         return self.stats.completion_lengths
 
+    @completion_lengths.setter
+    def completion_lengths(self, value: list[int]) -> None:
+        self.stats.completion_lengths = value
+
     async def add_rollouts_for_wandb(
         self, scored_data: ScoredDataGroup | dict[str, Any], item: Item = None
     ) -> None:

@@ -7,8 +7,9 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+import httpx
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -43,12 +44,24 @@ COMMAND_DEFAULTS: dict[str, Callable[[type[BaseEnv]], dict[str, Any]]] = {
 }
 
 
+async def broker_encoding(url: str) -> Literal["msgpack", "json"]:
+    """msgpack for our broker (it has ``/health``), JSON for an Atropos 0.4 one."""
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            answer = await http.get(f"{url.rstrip('/')}/health")
+    except httpx.HTTPError:
+        return "msgpack"
+    return "msgpack" if answer.status_code in (200, 401) else "json"
+
+
 async def serve(env: BaseEnv) -> None:
     from atroposlib.api.client import EnvClient
     from atroposlib.envs.runner import EnvRunner
 
+    url = env.config.rollout_server_url
+    encoding = await broker_encoding(url)
     try:
-        async with EnvClient(base_url=env.config.rollout_server_url, max_retries=3) as client:
+        async with EnvClient(base_url=url, max_retries=3, encoding=encoding) as client:
             await EnvRunner(env, client).run()
     finally:
         await env.server.close()

@@ -114,6 +114,8 @@ class EnvRunner:
         await self._fetch_info()
         if env.curr_step > 0:
             env.load_checkpoint()
+        for group in self.spool.pending.values():  # left over from an earlier run of this env
+            group["env_id"] = env.env_id
         self.sender.start()
         env._submit = self.submit
         try:
@@ -126,7 +128,7 @@ class EnvRunner:
             rollout.task.cancel()
         if self.eval_task is not None:
             self.eval_task.cancel()
-        if not await self.sender.flush(timeout=60):
+        if self.sender.started and not await self.sender.flush(timeout=60):
             logger.warning("%d groups still spooled at %s", self.sender.backlog, self.spool.path)
         await self.sender.close()
         if self.group_file is not None:

@@ -51,6 +51,10 @@ class GroupSender:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="group-sender")
 
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
     def submit(self, group: dict[str, Any]) -> None:
         self._idle.clear()
         self.queue.put_nowait(group)

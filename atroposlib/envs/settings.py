@@ -100,6 +100,57 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return data
 
 
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def bool_flags(model: type[EnvCliSettings]) -> set[str]:
+    """``--env.use_wandb``, ``--slurm``...: every boolean flag of the settings model."""
+    flags = {f"--{name}" for name, info in model.model_fields.items() if info.annotation is bool}
+    for prefix in ("env", "openai"):
+        annotation = model.model_fields[prefix].annotation
+        sub_model = next(
+            (
+                a
+                for a in getattr(annotation, "__args__", (annotation,))
+                if hasattr(a, "model_fields")
+            ),
+            None,
+        )
+        if sub_model is not None:
+            flags |= {
+                f"--{prefix}.{name}"
+                for name, info in sub_model.model_fields.items()
+                if info.annotation is bool
+            }
+    return flags
+
+
+def normalize_bool_flags(argv: list[str], flags: set[str]) -> list[str]:
+    """Accept Atropos-style ``--flag False`` / ``--flag=true`` as well as ``--flag``/``--no-flag``.
+
+    >>> flags = {"--slurm", "--testing"}
+    >>> normalize_bool_flags(["--slurm", "False", "--testing=true", "--x", "1"], flags)
+    ['--no-slurm', '--testing', '--x', '1']
+    """
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        name, sep, value = arg.partition("=")
+        if name in flags:
+            if not sep and index + 1 < len(argv) and argv[index + 1].lower() in _TRUE | _FALSE:
+                value, sep = argv[index + 1], "="
+                index += 1
+            if sep and value.lower() in _FALSE:
+                arg = "--no-" + name[2:]
+            elif sep and value.lower() in _TRUE:
+                arg = name
+        out.append(arg)
+        index += 1
+    return out
+
+
 def resolve_settings(
     model: type[EnvCliSettings],
     argv: list[str],
@@ -110,7 +161,7 @@ def resolve_settings(
     """Merge the four sources and validate once (pydantic raises on any bad value)."""
     cli = CliSettingsSource(
         model,
-        cli_parse_args=argv,
+        cli_parse_args=normalize_bool_flags(argv, bool_flags(model)),
         cli_exit_on_error=False,
         cli_implicit_flags=True,
         cli_prog_name=f"{Path(__import__('sys').argv[0]).name} {model.__name__[:-8].lower()}",

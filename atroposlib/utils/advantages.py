@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 
 def group_relative_advantages(
@@ -52,3 +55,76 @@ def discounted_returns(rewards: Sequence[float], gamma: float = 1.0) -> list[flo
         running = reward + gamma * running
         out.append(running)
     return out[::-1]
+
+
+# ---- the Atropos 0.4 helpers, same names and behaviour --------------------------------
+
+
+def allclose_to_first(
+    values: Any,
+    rtol: float = 1e-05,
+    atol: float = 1e-08,
+    equal_nan: bool = False,
+    return_vector: bool = False,
+) -> bool | np.ndarray:
+    """Whether every entry of ``values`` is close to ``values[0]`` (or one bool per entry).
+
+    >>> allclose_to_first([[1.0, 2.0], [1.0, 2.0 + 1e-9]]), allclose_to_first([1, 1, 2])
+    (True, False)
+    >>> allclose_to_first([1, 1, 2], return_vector=True).tolist()
+    [True, True, False]
+    """
+    array = np.asarray(values)
+    close = np.isclose(array, array[0], rtol=rtol, atol=atol, equal_nan=equal_nan)
+    per_entry = close.reshape(close.shape[0], -1).all(axis=1)
+    return per_entry if return_vector else bool(per_entry.all())
+
+
+def _flatten(data: Any) -> list[float]:
+    if isinstance(data, int | float):
+        return [float(data)]
+    if isinstance(data, list | tuple | np.ndarray):
+        return [value for element in data for value in _flatten(element)]
+    raise ValueError(f"Invalid element type encountered: {type(data)}")
+
+
+def compute_stats(data: Sequence[Any]) -> dict[str, float]:
+    """Mean and (population) variance of a possibly jagged nested list.
+
+    >>> {k: round(v, 4) for k, v in compute_stats([[1, 2], [3]]).items()}
+    {'mean': 2.0, 'var': 0.6667}
+    """
+    flat = _flatten(list(data))
+    if not flat:
+        raise ValueError("No numerical elements found in the input data.")
+    mean = sum(flat) / len(flat)
+    return {"mean": mean, "var": sum(v * v for v in flat) / len(flat) - mean * mean}
+
+
+def compute_discounted_returns(rewards: Any, gamma: float) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}`` for a 1-D vector of rewards.
+
+    >>> compute_discounted_returns([0.0, 0.0, 1.0], 0.5).tolist()
+    [0.25, 0.5, 1.0]
+    """
+    array = rewards if isinstance(rewards, np.ndarray) else np.asarray(rewards, dtype=np.float32)
+    return np.asarray(discounted_returns(array.tolist(), gamma), dtype=array.dtype)
+
+
+def compute_grpo_process_supervision_advantages(
+    rewards: Sequence[Sequence[float]], gamma: float | None = None, std_tol: float = 1e-8
+) -> list[np.ndarray]:
+    """Per-step advantages: rewards normalised over the whole group, then summed to the end
+    of each trajectory (discounted by ``gamma`` when given).
+
+    >>> [a.round(3).tolist() for a in compute_grpo_process_supervision_advantages([[1, 0], [0]])]
+    [[0.707, -0.707], [-0.707]]
+    """
+    stats = compute_stats(rewards)
+    std = stats["var"] ** 0.5
+    if std < std_tol:
+        raise ValueError(f"`std` is smaller than tolerance of {std_tol}.")
+    normalised = [(np.asarray(steps, dtype=float) - stats["mean"]) / std for steps in rewards]
+    if gamma is None:
+        return [np.cumsum(steps[::-1])[::-1] for steps in normalised]
+    return [compute_discounted_returns(steps, gamma) for steps in normalised]

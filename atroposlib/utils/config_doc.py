@@ -19,8 +19,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-# (section title, "module:Class", how the fields are spelled on the command line)
-DOCUMENTED_SETTINGS: tuple[tuple[str, str, str], ...] = ()
+# (section title, "module:Class", flag spelling: "{name}" or "{kebab}" stand for the field)
+DOCUMENTED_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("Broker: `run-api`", "atroposlib.api.settings:BrokerSettings", "--{kebab}"),
+)
 
 HEADER = """\
 # Configuration reference
@@ -39,7 +41,7 @@ def render_markdown(sections: Sequence[tuple[str, type[BaseModel], str]]) -> str
             parts.append(f" — {doc[0]}")
         parts.append("\n\n| flag | type | default | description |\n|---|---|---|---|\n")
         for name, info in model.model_fields.items():
-            flag = flag_pattern.format(name=name)
+            flag = flag_pattern.format(name=name, kebab=name.replace("_", "-"))
             parts.append(
                 f"| `{flag}` | {_escape(_type_name(info.annotation))} | "
                 f"{_escape(_default(info))} | {_escape(info.description or '')} |\n"

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 from broker_testlib import env_body, in_process, make_group, trainer_body
 from pydantic import ValidationError
@@ -187,3 +188,41 @@ def test_fast_validation_agrees_with_protocol_model(raw: dict[str, Any]) -> None
     except InvalidGroupError:
         fast_ok = False
     assert fast_ok == model_ok
+
+
+async def test_msgpack_values_json_cannot_carry_are_422(client: httpx.AsyncClient) -> None:
+    body = msgpack.packb([make_group(), make_group(images=[b"\x89PNG"])], use_bin_type=True)
+    answer = await client.post(
+        "/scored_data_list", content=body, headers={"content-type": "application/msgpack"}
+    )
+    assert answer.status_code == 422 and answer.json()["detail"].startswith("[1].images:")
+    assert (await client.get("/status")).json()["queue_size"] == 0
+
+
+ODD_VALUES: list[Any] = [
+    None, "x", 1, -1, 1.5, True, 2**70, [], [[]], [[1, 2]], [[1, 2, 3, 4]] * 2, {"a": 1},
+    [None], [["a"]], [[True, False]], [[1e300]], [{"role": 1, "content": 2}], [[{"role": "u"}]],
+    [1.0, 2.0], ["a", "b"], [[-(2**40)]], "x" * 300,
+]  # fmt: skip
+
+
+async def test_odd_values_never_cause_a_500_and_never_half_queue() -> None:
+    import random
+
+    rng = random.Random(0)
+    fields = [*make_group(), "advantages", "ref_logprobs", "inference_logprobs", "overrides",
+              "messages", "group_overrides", "env_id", "group_id", "policy_version",
+              "distill_token_ids", "generation_params"]  # fmt: skip
+    async with in_process() as client:
+        await client.post("/register", json=trainer_body(batch_size=4, max_token_len=32))
+        queued = 0
+        for _ in range(400):
+            group = make_group(2, length=4)
+            for field in rng.sample(fields, rng.randint(1, 3)):
+                group[field] = rng.choice(ODD_VALUES)
+            answer = await client.post("/scored_data", content=json.dumps(group).encode())
+            assert answer.status_code in (200, 404, 422), (group, answer.text)
+            queued += answer.status_code == 200
+            assert (await client.get("/status")).json()["queue_size"] == queued
+        assert 0 < queued < 400
+        assert (await client.get("/latest_example")).status_code == 200

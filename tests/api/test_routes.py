@@ -191,6 +191,7 @@ async def test_auth_required_when_api_key_set() -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             answer = await client.get("/status", headers=headers)
             assert answer.status_code == 401 and "bearer" in answer.json()["detail"]
+            assert (await client.get("/openapi.json", headers=headers)).status_code in (401, 404)
             posted = await client.post("/scored_data", json=make_group(), headers=headers)
             assert posted.status_code == 401
         ok = await client.get("/status", headers={"Authorization": "Bearer s3cret"})
@@ -217,3 +218,31 @@ async def test_health_and_metrics(client: httpx.AsyncClient) -> None:
     assert 'broker_queue_groups{env_id="none"} 1.0' in text
     assert "broker_groups_in_total 1.0" in text
     assert "broker_request_bytes_total" in text
+
+
+async def test_stale_groups_dropped_and_counted_in_metrics(client: httpx.AsyncClient) -> None:
+    await start_trainer(client, batch_size=1, max_staleness=2, starting_step=5)
+    await client.post("/scored_data", json=make_group(1, marker=1, policy_version=2))
+    await client.post("/scored_data", json=make_group(1, marker=2, policy_version=3))
+    answer = (await client.get("/batch")).json()
+    assert answer["step"] == 6 and markers(answer["batch"]) == [2]
+    text = (await client.get("/metrics")).text
+    assert 'broker_groups_dropped_total{reason="stale"} 1.0' in text
+    assert "broker_groups_out_total 1.0" in text
+
+
+async def test_reregistered_trainer_gets_the_same_batches_again(client: httpx.AsyncClient) -> None:
+    await start_trainer(client, batch_size=2, acknowledges=True)
+    for marker in range(10, 18, 2):
+        await client.post("/scored_data", json=make_group(2, marker=marker))
+    first = [(await client.get("/batch")).json() for _ in range(3)]
+    assert [b["step"] for b in first] == [1, 2, 3]
+    assert (await client.post("/ack", json={"step": 1})).json() == {
+        "status": "success",
+        "acknowledged_step": 1,
+    }
+    await client.post("/register", json=trainer_body(batch_size=2, starting_step=1))
+    again = [(await client.get("/batch")).json() for _ in range(2)]
+    assert again == first[1:]
+    fresh = (await client.get("/batch")).json()
+    assert fresh["step"] == 4 and markers(fresh["batch"]) == [16, 17]

@@ -82,10 +82,17 @@ async def completions(request: Request) -> Any:
     body = await request.json()
     if (bad := await _misbehave()) is not None:
         return bad
-    choices = [
+    choices: list[dict[str, Any]] = [
         {"index": i, "finish_reason": "stop", "text": f" The answer is {i}"}
         for i in range(int(body.get("n") or 1))
     ]
+    if body.get("logprobs") is not None and isinstance(body.get("prompt"), list):
+        for i, choice in enumerate(choices):  # vLLM: token ids as "token_id:N"
+            ids = [300 + i, 301, 2]
+            choice["logprobs"] = {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [-0.25 * (j + 1) for j in range(len(ids))],
+            }
     return {
         "id": "x",
         "object": "text_completion",

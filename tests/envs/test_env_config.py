@@ -97,6 +97,20 @@ def test_process_defaults_sit_between_config_init_and_user_sources(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
+    "flags",
+    [
+        ["--env.use_wandb", "False", "--slurm", "false"],
+        ["--env.use_wandb=false", "--no-slurm"],
+        ["--no-env.use_wandb"],
+    ],
+)
+def test_boolean_flags_accept_atropos_and_implicit_spellings(flags: list[str]) -> None:
+    settings = parse_settings(AdditionEnv, "serve", ["--env.use_wandb", "true", *flags], environ={})
+    assert settings.env.use_wandb is False and settings.slurm is False
+    assert parse_settings(AdditionEnv, "serve", ["--testing", "True"], environ={}).testing is True
+
+
+@pytest.mark.parametrize(
     ("flags", "expected"),
     [
         (["--env.group_size", "many"], "--env.group_size: Input should be a valid integer"),

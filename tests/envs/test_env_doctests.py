@@ -15,6 +15,7 @@ MODULES = [
     "atroposlib.envs.server_handling.circuit",
     "atroposlib.envs.server_handling.slurm",
     "atroposlib.envs.server_handling.sglang_server",
+    "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
     "atroposlib.utils.html_report",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from envs_testlib import Process, tokenizer_path
 
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.vllm_server import parse_vllm_choice
@@ -132,3 +134,102 @@ def test_vllm_choices_with_token_ids_and_logprobs() -> None:
     assert parsed.finish_reason == "length"
     with pytest.raises(InferenceError, match="malformed"):
         parse_vllm_choice({"logprobs": None})
+
+
+class AtroposStyleEnv(BaseEnv):
+    """The shape of Atropos 0.4's gsm8k env: its own __init__, buffers, managed mode."""
+
+    name = "gsm8k_like"
+
+    def __init__(self, config, server_configs, slurm=True, testing=False):  # type: ignore[no-untyped-def]
+        super().__init__(config, server_configs, slurm, testing)
+        self.percent_correct_buffer = list()
+        self.rollouts_for_wandb = []
+        self.completion_lengths = []
+        self.iter = 0
+
+    async def setup(self):  # type: ignore[no-untyped-def]
+        self.train = [{"question": "What is 2+2?", "answer": "4"}]
+
+    async def get_next_item(self):  # type: ignore[no-untyped-def]
+        self.iter += 1
+        return self.train[0]
+
+    def save_checkpoint(self, step, data=None):  # type: ignore[no-untyped-def]
+        data = data or {}
+        data["iter"] = self.iter
+        super().save_checkpoint(step, data)
+
+    async def wandb_log(self, wandb_metrics=None):  # type: ignore[no-untyped-def]
+        wandb_metrics = wandb_metrics or {}
+        wandb_metrics["train/percent_correct"] = 0.5
+        await super().wandb_log(wandb_metrics)
+
+    async def collect_trajectories(self, item):  # type: ignore[no-untyped-def]
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=[{"role": "user", "content": item["question"]}],
+                n=self.config.group_size,
+                max_tokens=16,
+            )
+            nodes = managed.get_state()["nodes"]
+        scores = ScoredDataGroup()
+        scores["tokens"], scores["masks"], scores["scores"] = [], [], []
+        scores["inference_logprobs"] = []
+        for index, (choice, node) in enumerate(zip(completion.choices, nodes, strict=True)):
+            scores["tokens"].append(node.tokens)
+            scores["masks"].append(node.masked_tokens)
+            scores["inference_logprobs"].append(node.logprobs)
+            scores["scores"].append(1.0 if index == 0 else -1.0)
+            self.percent_correct_buffer.append(index == 0)
+            assert choice.finish_reason == "stop"
+        return scores, []
+
+    async def evaluate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None
+
+
+async def test_an_atropos_style_env_with_managed_mode_produces_aligned_groups(
+    fake: Process, tokenizer: Any, tmp_path: Path
+) -> None:
+    config = BaseEnvConfig(tokenizer_name=tokenizer_path(), group_size=3, use_wandb=False)
+    server = APIServerConfig(base_url=f"{fake.url}/v1", server_type="sglang", model_name="m")
+    env = AtroposStyleEnv(config, [server], slurm=False)
+    env.tokenizer = tokenizer
+    await env.setup()
+    [group] = await env.run_item(await env.get_next_item())
+    assert group["scores"] == [1.0, -1.0, -1.0]
+    for tokens, masks, logprobs in zip(
+        group["tokens"], group["masks"], group["inference_logprobs"], strict=True
+    ):
+        assert len(tokens) == len(masks) == len(logprobs)
+        trained = [i for i, m in enumerate(masks) if m != -100]
+        assert [logprobs[i] for i in trained] == pytest.approx([-0.5, -0.6, -0.7])
+        assert all(logprobs[i] == 1.0 for i in range(len(tokens)) if i not in trained)
+    assert env.completion_lengths == [3, 3, 3]
+    env.checkpoint_dir, env.wandb_prepend = str(tmp_path), "gsm8k_like_0"
+    env.save_checkpoint(5)
+    env.iter, env.curr_step = 0, 5
+    env.load_checkpoint()
+    assert env.iter == 1
+    await env.wandb_log()
+    assert env.completion_lengths == [] and env.rollouts_for_wandb == []
+    await env.server.close()
+
+
+async def test_vllm_managed_mode_sends_token_ids_and_reads_token_logprobs(
+    fake: Process, tokenizer: Any
+) -> None:
+    server = APIServerConfig(base_url=f"{fake.url}/v1", server_type="vllm", model_name="m")
+    manager = ServerManager([server], max_n_completions=2)
+    try:
+        async with manager.managed_server(tokenizer=tokenizer) as managed:
+            answer = await managed.completion(prompt="Count: 1 2 3", n=3, max_tokens=4)
+            nodes = managed.get_state()["nodes"]
+        prompt_ids = tokenizer.encode("Count: 1 2 3", add_special_tokens=False)
+        assert len(answer.choices) == 3 and len(nodes) == 3
+        assert [node.tokens[len(prompt_ids)] for node in nodes] == [300, 301, 300]
+        assert nodes[0].logprobs[len(prompt_ids) :] == [-0.25, -0.5, -0.75]
+        assert nodes[0].masked_tokens[: len(prompt_ids)] == [-100] * len(prompt_ids)
+    finally:
+        await manager.close()

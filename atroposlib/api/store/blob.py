@@ -14,6 +14,7 @@ import msgpack
 import numpy as np
 import orjson
 
+from atroposlib.errors import InvalidGroupError
 from atroposlib.protocol import MASK_IGNORE_INDEX, PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,22 @@ def encode_group(group: dict[str, Any]) -> bytes:
         if rows is not None:
             record[name] = _concat(rows, _FLOAT)
     extras = {k: v for k, v in group.items() if k not in _ARRAY_FIELDS and v is not None}
-    record["x"] = orjson.dumps(extras, option=orjson.OPT_SERIALIZE_NUMPY)
+    record["x"] = _dump_extras(extras)
     return msgpack.packb(record, use_bin_type=True)
+
+
+def _dump_extras(extras: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(extras, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        for name, value in extras.items():
+            try:
+                orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+            except TypeError as err:
+                raise InvalidGroupError(
+                    name, f"holds a value JSON cannot carry ({err}); send only JSON values"
+                ) from err
+        raise
 
 
 def _split(flat: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:

@@ -8,12 +8,13 @@ process crash). Payloads stay on disk; only small metadata is read back at start
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import sqlite3
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -25,6 +26,7 @@ from atroposlib.api.store.base import (
     NewGroup,
     StoreSnapshot,
 )
+from atroposlib.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,19 @@ CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 0), body BL
 _PRUNE_EVERY = 10_000
 
 
+def _lock_file(path: Path) -> IO[str]:
+    """Hold an exclusive lock next to the database: one broker per store (freed on any exit)."""
+    handle = open(path.with_name(path.name + ".lock"), "w")  # noqa: SIM115 - held until close
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        handle.close()
+        raise ConfigError(
+            f"another broker is using {path}; stop it or pass a different --store"
+        ) from err
+    return handle
+
+
 class SqliteStore(GroupStore):
     def __init__(self, path: str | Path, *, group_ids_kept: int = DEFAULT_GROUP_IDS_KEPT) -> None:
         self.path = Path(path)
@@ -48,6 +63,7 @@ class SqliteStore(GroupStore):
         self._group_ids_kept = group_ids_kept
         self._inserts_since_prune = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_file(self.path)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -176,3 +192,4 @@ class SqliteStore(GroupStore):
 
     def close(self) -> None:
         self._db.close()
+        self._lock.close()

@@ -92,6 +92,7 @@ class LeanHTTPClient:
                 + body
             )
             writer.write(request)
+            await writer.drain()
             collected = _Reader()
             parser = httptools.HttpResponseParser(collected)
             while not collected.done:
