@@ -22,6 +22,10 @@ from pydantic_core import PydanticUndefined
 # (section title, "module:Class", flag spelling: "{name}" or "{kebab}" stand for the field)
 DOCUMENTED_SETTINGS: tuple[tuple[str, str, str], ...] = (
     ("Broker: `run-api`", "atroposlib.api.settings:BrokerSettings", "--{kebab}"),
+    ("SFT export: `atropos-sft-gen`", "atroposlib.export.settings:SftSettings", "--{kebab}"),
+    ("DPO export: `atropos-dpo-gen`", "atroposlib.export.settings:DpoSettings", "--{kebab}"),
+    ("Group browser: `view-run`", "atroposlib.cli.view_run:ViewRunSettings", "--{kebab}"),
+    ("HTML report: `jsonl2html`", "atroposlib.cli.jsonl2html:Jsonl2HtmlSettings", "--{kebab}"),
 )
 
 HEADER = """\
