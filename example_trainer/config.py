@@ -154,6 +154,9 @@ class TrainerConfig(BaseSettings):
     seed: int = Field(0, description="Seed for torch, numpy and random.")
     save_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written.")
     save_interval: int = Field(10, gt=0, description="Save (and acknowledge) every N steps.")
+    metrics_file: Path | None = Field(
+        None, description="Append every step's metrics as one JSON line here (rank 0)."
+    )
     resume: str | None = Field(
         None, description="Checkpoint folder to continue from, or 'auto' for the latest."
     )
