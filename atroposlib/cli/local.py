@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from datetime import datetime
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     layout = _layout(settings)
     console.print(f"run folder: {layout.run_dir}")
+    signal.signal(signal.SIGTERM, _interrupt)
     with Supervisor(layout.run_dir) as supervisor, httpx.Client(timeout=2.0) as http:
         poller = StatusPoller(layout, http)
         try:
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             code = 130
     _write_report(settings, layout, code)
     return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops every process as Ctrl-C does
 
 
 def _layout(settings: LocalRunSettings) -> RunLayout:

@@ -60,7 +60,8 @@ def inference(layout: RunLayout, settings: LocalRunSettings) -> Component:
     return Component(
         "inference",
         [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
-         "--port", str(layout.inference_port), "--max-batch-size", str(settings.group_size * 2)],
+         "--port", str(layout.inference_port), "--served-model-name", "default",
+         "--max-batch-size", str(settings.group_size * 2)],
         health_url=f"{layout.inference_url}/health",
         startup_timeout_s=settings.startup_timeout_s,
     )  # fmt: skip

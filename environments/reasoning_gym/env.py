@@ -6,6 +6,7 @@ task's generator through ``task_configs`` (e.g. ``{"basic_arithmetic": {"max_dig
 Run: ``python environments/reasoning_gym/env.py process --config <folder>/config.yaml``
 """
 
+import asyncio
 import difflib
 import random
 import time
@@ -16,7 +17,7 @@ from pydantic import Field, field_validator
 from reasoning_gym.factory import DATASETS
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.reward_fns.answers import extract_answer_tag
+from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final_number
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
@@ -39,6 +40,12 @@ class ReasoningGymConfig(BaseEnvConfig):
     format_weight: float = Field(default=0.2, ge=0, description="Added for a well-formed reply.")
     max_completion_tokens: int = Field(default=256, ge=1, description="Tokens per answer.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
+    lenient_answers: bool = Field(
+        default=False,
+        description="Without an <answer> tag, grade the reply's final number instead of 0 "
+        "(for small models that do not follow the format yet; the tag still earns the "
+        "format reward).",
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -54,10 +61,19 @@ class ReasoningGymConfig(BaseEnvConfig):
         return tasks
 
 
-def score_reply(reply: str, entry: dict, dataset: Any, format_weight: float) -> float:
-    """The task's own score of the ``<answer>`` content plus the format component."""
+def grade(reply: str, entry: dict, dataset: Any, lenient: bool = False) -> float:
+    """The task's own score of the ``<answer>`` content (or, if lenient, the final number)."""
     answer = extract_answer_tag(reply)
-    correct = float(dataset.score_answer(answer, entry)) if answer is not None else 0.0
+    if answer is None and lenient:
+        answer = extract_final_number(reply)
+    return float(dataset.score_answer(answer, entry)) if answer is not None else 0.0
+
+
+def score_reply(
+    reply: str, entry: dict, dataset: Any, format_weight: float, lenient: bool = False
+) -> float:
+    """Correctness plus the format component."""
+    correct = grade(reply, entry, dataset, lenient)
     return correct + format_weight * answer_tag_format_reward([reply])[0]
 
 
@@ -109,31 +125,36 @@ class ReasoningGymEnv(BaseEnv):
             temperature=self.config.temperature,
         )
         replies = [choice.message.content or "" for choice in completion.choices]
-        scores = [score_reply(r, entry, dataset, self.config.format_weight) for r in replies]
+        weight, lenient = self.config.format_weight, self.config.lenient_answers
+        scores = [score_reply(r, entry, dataset, weight, lenient) for r in replies]
         chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
         reasons = [choice.finish_reason or "" for choice in completion.choices]
         return chat_group(self.tokenizer, chats, scores, finish_reasons=reasons), []
 
     async def evaluate(self, *args, **kwargs) -> None:
-        started, samples, metrics = time.time(), [], {}
-        for task, dataset in self.test.items():
-            correct = []
-            for entry in dataset:
-                completion = await self.server.chat_completion(
-                    messages=self.prompt(entry["question"]),
-                    n=1,
-                    max_tokens=self.config.max_completion_tokens,
-                    temperature=0.0,
-                    split="eval",
-                )
-                reply = completion.choices[0].message.content or ""
-                answer = extract_answer_tag(reply)
-                correct.append(float(dataset.score_answer(answer, entry)) if answer else 0.0)
-                samples.append({"task": task, "question": entry["question"], "response": reply,
-                                "answer": entry["answer"], "score": correct[-1]})  # fmt: skip
-            metrics[f"eval/{task}/accuracy"] = sum(correct) / len(correct)
+        started = time.time()
+        pairs = [(task, entry) for task, dataset in self.test.items() for entry in dataset]
+        samples = await asyncio.gather(*(self.evaluate_one(t, e) for t, e in pairs))
+        metrics = {}
+        for task in self.test:
+            scores = [s["score"] for s in samples if s["task"] == task]
+            metrics[f"eval/{task}/accuracy"] = sum(scores) / len(scores)
         metrics["eval/accuracy"] = sum(s["score"] for s in samples) / len(samples)
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
+
+    async def evaluate_one(self, task: str, entry: dict) -> dict:
+        """Greedy answer to one held-out problem (all of them are in flight at once)."""
+        completion = await self.server.chat_completion(
+            messages=self.prompt(entry["question"]),
+            n=1,
+            max_tokens=self.config.max_completion_tokens,
+            temperature=0.0,
+            split="eval",
+        )
+        reply = completion.choices[0].message.content or ""
+        score = grade(reply, entry, self.test[task], self.config.lenient_answers)
+        return {"task": task, "question": entry["question"], "response": reply,
+                "answer": entry["answer"], "score": score}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -35,6 +35,24 @@ def test_reasoning_gym_score_table(reply: str, score: float) -> None:
     assert rg_env.score_reply(reply, ENTRY, ENTRY_DS, 0.2) == pytest.approx(score)
 
 
+WRONG = str(int(float(RIGHT)) + 1)
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        (f"So the result is {RIGHT}.", 1.0),  # no tags: the final number is graded
+        (f"It is {WRONG}, no wait, {RIGHT}", 1.0),  # the last number counts
+        (f"{RIGHT} plus nothing gives {WRONG}", 0.0),
+        (f"<answer>{RIGHT}</answer>", 1.5),  # a tag still earns the format weight
+        (f"{RIGHT} <answer>{WRONG}</answer>", 0.0),  # a tag wins over loose numbers
+        ("no number at all", 0.0),
+    ],
+)
+def test_reasoning_gym_lenient_grading_reads_the_final_number(reply: str, score: float) -> None:
+    assert rg_env.score_reply(reply, ENTRY, ENTRY_DS, 0.5, lenient=True) == pytest.approx(score)
+
+
 def test_reasoning_gym_config_rejects_unknown_tasks_with_a_fix() -> None:
     with pytest.raises(ValueError, match="basic_arithmetic"):
         rg_env.ReasoningGymConfig(tasks={"basic_arithmetik": 1.0})
