@@ -11,7 +11,7 @@ Each mode runs in its own process (clean peak memory); the first step's loss mus
 Wall-clock tokens/s is what a user sees; tokens per CPU second is also printed because on a
 shared machine other processes skew wall-clock time between the two runs.
 
-    python benchmarks/trainer_step.py [--seqs 16] [--budget 2048] [--steps 2]
+    python benchmarks/trainer_step.py [--seqs 16] [--budget 1024] [--steps 1]
 """
 
 from __future__ import annotations
@@ -113,8 +113,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, default=16, help="sequences per step (groups of 4)")
-    parser.add_argument("--budget", type=int, default=2048, help="padded tokens per micro-batch")
-    parser.add_argument("--steps", type=int, default=2, help="steps per mode (first = warm-up)")
+    parser.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
+    parser.add_argument(
+        "--steps", type=int, default=1, help="steps per mode (2+: first is warm-up)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", choices=["bucketed", "naive"], help=argparse.SUPPRESS)
