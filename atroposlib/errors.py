@@ -35,3 +35,47 @@ class BrokerRejectedError(BrokerError):
         super().__init__(f"broker answered {status_code}: {detail}")
         self.status_code = status_code
         self.detail = detail
+
+
+class UnknownEnvError(AtroposError):
+    """A request names an env id that was never registered with ``POST /register-env``."""
+
+    def __init__(self, env_id: int) -> None:
+        super().__init__(
+            f"env_id {env_id} is not registered; call POST /register-env first "
+            "and use the env_id it returns"
+        )
+        self.env_id = env_id
+
+
+class TrainerNotRegisteredError(AtroposError):
+    """The trainer asked for a batch (or acked) before ``POST /register``."""
+
+
+class QueueFullError(AtroposError):
+    """The broker's queue is at its limit; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestBodyError(AtroposError):
+    """A request body cannot be read: too large (413), bad gzip or bad encoding (400)."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+class InferenceError(AtroposError):
+    """An inference server failed a request (connection, timeout, 5xx or an unreadable answer)."""
+
+
+class InferenceUnavailableError(InferenceError):
+    """Every attempt on every inference server failed; the rollout cannot be generated now."""
+
+
+class InferenceRejectedError(InferenceError):
+    """The inference server refused the request (4xx): fix the request; retrying cannot help."""

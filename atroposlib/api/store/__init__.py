@@ -1,1 +1,26 @@
-"""atroposlib.api.store."""
+"""Stores of queued groups: :class:`MemoryStore` and the durable :class:`SqliteStore`."""
+
+from atroposlib.api.store.base import BatchRecord, GroupMeta, GroupStore, NewGroup, StoreSnapshot
+from atroposlib.api.store.memory import MemoryStore
+from atroposlib.api.store.sqlite import SqliteStore
+
+
+def open_store(spec: str) -> GroupStore:
+    """``"memory"`` or ``"sqlite:<path>"`` (as in ``BrokerSettings.store``)."""
+    if spec == "memory":
+        return MemoryStore()
+    if spec.startswith("sqlite:"):
+        return SqliteStore(spec.removeprefix("sqlite:"))
+    raise ValueError(f"unknown store {spec!r}; use 'memory' or 'sqlite:<path>'")
+
+
+__all__ = [
+    "BatchRecord",
+    "GroupMeta",
+    "GroupStore",
+    "MemoryStore",
+    "NewGroup",
+    "SqliteStore",
+    "StoreSnapshot",
+    "open_store",
+]

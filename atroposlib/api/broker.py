@@ -1,0 +1,433 @@
+"""The broker's state machine: registration, ingest, batches, acks, status. No HTTP here.
+
+Every change is written to the store (with the broker state, in one transaction) before the
+method returns, so an HTTP layer that answers after the call never acknowledges something a
+crash could lose. Methods are synchronous and meant to be called from one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from atroposlib.api.envs import EnvRegistry
+from atroposlib.api.packing import FairShareState, QueuedGroupRef, form_batch
+from atroposlib.api.settings import BrokerSettings
+from atroposlib.api.store import BatchRecord, GroupMeta, GroupStore, NewGroup
+from atroposlib.api.store.blob import decode_group, encode_group
+from atroposlib.api.validation import CheckedGroup, check_group
+from atroposlib.errors import (
+    InvalidGroupError,
+    QueueFullError,
+    TrainerNotRegisteredError,
+)
+from atroposlib.protocol import (
+    EnvRegistration,
+    EnvRegistrationResponse,
+    EnvStatusResponse,
+    InfoResponse,
+    StatusResponse,
+    TrainerRegistration,
+    WaitForTrainerResponse,
+    WandbInfoResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+RECENT_BYTES = 16 * 1024 * 1024
+"""Memory bound of the groups kept for /recent_groups and /latest_example."""
+EMPTY_EXAMPLE: dict[str, list[Any]] = {
+    name: []
+    for name in (
+        "tokens", "masks", "scores", "advantages", "ref_logprobs", "generation_params",
+        "inference_logprobs", "messages", "images",
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+    dropped: int
+
+
+def _trainer_identity(registration: TrainerRegistration) -> tuple[str, str, str]:
+    """A trainer that re-registers with the same identity is resuming (and may rewind)."""
+    return (registration.wandb_project, registration.wandb_group, registration.checkpoint_dir)
+
+
+def _fresh_state() -> dict[str, Any]:
+    return {
+        "trainer": None,
+        "trainer_uuid": None,
+        "started": False,
+        "current_step": 0,
+        "acked_step": None,
+        "envs": [],
+        "fair_share": {},
+        "next_key": 1,
+        "counters": {},
+    }
+
+
+class Broker:
+    """Queue, batches and registrations of one broker, kept in step with its store."""
+
+    def __init__(self, store: GroupStore, settings: BrokerSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self._recent: deque[bytes] = deque()
+        self._recent_bytes = 0
+        self._load()
+
+    # -- state -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        snapshot = self.store.load()
+        self._state = {**_fresh_state(), **snapshot.state}
+        self._envs = EnvRegistry(self._state["envs"])
+        saved_trainer = self._state["trainer"]
+        self._trainer = (
+            None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
+        )
+        self._fair = FairShareState.from_dict(self._state["fair_share"])
+        self._queue: dict[int, GroupMeta] = {}
+        self._queued_bytes = 0
+        self._env_sequences: Counter[int | None] = Counter()
+        self._env_groups: Counter[int | None] = Counter()
+        self._sizes: Counter[int] = Counter()
+        self._refs: dict[int, QueuedGroupRef] = {}
+        for meta in snapshot.queued:
+            self._enqueue(meta)
+        self._batched = snapshot.batched
+        self._batches = {batch.step: batch for batch in snapshot.batches}
+        kept = self.settings.recent_groups_kept
+        newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
+        for blob in self.store.payloads(newest):
+            self._remember(blob)
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        counters = self._state["counters"]
+        counters[name] = counters.get(name, 0) + amount
+
+    def _enqueue(self, meta: GroupMeta) -> None:
+        self._queue[meta.key] = meta
+        self._refs[meta.key] = QueuedGroupRef(meta.key, meta.env_id, meta.size)
+        self._queued_bytes += meta.nbytes
+        self._env_sequences[meta.env_id] += meta.size
+        self._env_groups[meta.env_id] += 1
+        self._sizes[meta.size] += 1
+
+    def _dequeue(self, key: int) -> GroupMeta:
+        meta = self._queue.pop(key)
+        del self._refs[key]
+        self._queued_bytes -= meta.nbytes
+        self._env_sequences[meta.env_id] -= meta.size
+        self._env_groups[meta.env_id] -= 1
+        self._sizes[meta.size] -= 1
+        return meta
+
+    def _drop(self, keys: Sequence[int], reason: str) -> None:
+        if not keys:
+            return
+        for key in keys:
+            self._dequeue(key)
+        self._count(f"dropped_{reason}", len(keys))
+        self.store.drop_groups(keys, self._state)
+        logger.warning("dropped %d queued group(s): %s", len(keys), reason)
+
+    @property
+    def trainer(self) -> TrainerRegistration | None:
+        return self._trainer
+
+    def _require_trainer(self) -> TrainerRegistration:
+        trainer = self.trainer
+        if trainer is None:
+            raise TrainerNotRegisteredError(
+                "no trainer registered; POST /register with the trainer's batch_size first"
+            )
+        return trainer
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return dict(self._state["counters"])
+
+    @property
+    def current_step(self) -> int:
+        return int(self._state["current_step"])
+
+    def queue_depth_by_env(self) -> dict[int | None, tuple[int, int]]:
+        """(groups, sequences) queued per env id."""
+        return {
+            env: (groups, self._env_sequences[env])
+            for env, groups in self._env_groups.items()
+            if groups
+        }
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    # -- trainer -------------------------------------------------------------------------
+
+    def register_trainer(self, registration: TrainerRegistration) -> int:
+        current = self._trainer
+        if current is not None and _trainer_identity(current) != _trainer_identity(registration):
+            # A second consumer (a data tool such as atropos-sft-gen, a viewer) must not
+            # rewind the running trainer's step; Atropos ignored such registrations too.
+            logger.info(
+                "registration from %s/%s (%s) kept as an observer: trainer %s/%s owns the run",
+                registration.wandb_project, registration.wandb_group, registration.checkpoint_dir,
+                current.wandb_project, current.wandb_group,
+            )  # fmt: skip
+            return secrets.randbits(63)
+        self._state["trainer"] = registration.model_dump()
+        self._trainer = registration
+        self._state["trainer_uuid"] = secrets.randbits(63)
+        too_large = [k for k, m in self._queue.items() if m.size > registration.batch_size]
+        self._drop(too_large, "group_too_large")
+        too_long = [k for k, m in self._queue.items() if m.max_len > registration.max_token_len]
+        self._drop(too_long, "too_long")
+        start = registration.starting_step
+        released = [step for step in self._batches if step <= start]
+        redeliver = [step for step in self._batches if step > start]
+        self._release(released)
+        for step in redeliver:
+            self._batches[step].delivered = False
+        self._state["current_step"] = start
+        self.store.set_delivered(redeliver, False, self._state)
+        logger.info(
+            "trainer registered: batch_size=%d max_token_len=%d starting_step=%d, "
+            "%d batch(es) to re-deliver",
+            registration.batch_size, registration.max_token_len, start, len(redeliver),
+        )  # fmt: skip
+        return int(self._state["trainer_uuid"])
+
+    def _release(self, steps: Sequence[int]) -> None:
+        if not steps:
+            return
+        for step in steps:
+            for key in self._batches.pop(step).keys:
+                self._batched.pop(key, None)
+        self.store.release_batches(steps, self._state)
+
+    def info(self) -> InfoResponse:
+        trainer = self.trainer
+        if trainer is None:
+            return InfoResponse(batch_size=-1, max_token_len=-1)
+        return InfoResponse(batch_size=trainer.batch_size, max_token_len=trainer.max_token_len)
+
+    def wandb_info(self) -> WandbInfoResponse:
+        trainer = self.trainer
+        if trainer is None:
+            return WandbInfoResponse(group=None, project=None)
+        return WandbInfoResponse(group=trainer.wandb_group, project=trainer.wandb_project)
+
+    def next_batch(self) -> tuple[int, list[dict[str, Any]]] | None:
+        """The next batch for the trainer (re-deliveries first), or None without enough data."""
+        trainer = self._require_trainer()
+        if not self._state["started"]:
+            self._state["started"] = True
+            self.store.save_state(self._state)
+        for step, batch in self._batches.items():
+            if not batch.delivered:
+                batch.delivered = True
+                self._state["current_step"] = step
+                self.store.set_delivered([step], True, self._state)
+                return step, self._load_groups(batch.keys)
+        self._drop_stale(trainer)
+        if sum(self._env_sequences.values()) < trainer.batch_size:
+            return None
+        refs = list(self._refs.values())  # arrival order: dicts keep insertion order
+        keys = form_batch(refs, trainer.batch_size, self._envs.shares(), self._fair)
+        if keys is None:
+            return None
+        step = self.current_step + 1
+        self._state["current_step"] = step
+        self._state["fair_share"] = self._fair.to_dict()
+        for key in keys:
+            self._batched[key] = self._dequeue(key)
+        self._count("groups_out", len(keys))
+        self._count("sequences_out", trainer.batch_size)
+        batch = BatchRecord(step, tuple(keys), delivered=True)
+        self._batches[step] = batch
+        self.store.save_batch(batch, self._state)
+        groups = self._load_groups(batch.keys)
+        if not trainer.acknowledges:
+            delivered = [s for s, b in self._batches.items() if b.delivered]
+            excess = len(delivered) - self.settings.retain_delivered_batches
+            self._release(delivered[: max(0, excess)])
+        return step, groups
+
+    def _load_groups(self, keys: Sequence[int]) -> list[dict[str, Any]]:
+        return [decode_group(blob) for blob in self.store.payloads(keys)]
+
+    def _drop_stale(self, trainer: TrainerRegistration) -> None:
+        if trainer.max_staleness is None:
+            return
+        oldest = self.current_step - trainer.max_staleness
+        stale = [
+            key
+            for key, meta in self._queue.items()
+            if meta.policy_version is not None and meta.policy_version < oldest
+        ]
+        self._drop(stale, "stale")
+
+    def ack(self, step: int) -> int:
+        self._require_trainer()
+        self._state["acked_step"] = max(step, self._state["acked_step"] or 0)
+        self._release([s for s in self._batches if s <= step])
+        self.store.save_state(self._state)
+        return step
+
+    # -- environments --------------------------------------------------------------------
+
+    def register_env(
+        self, registration: EnvRegistration
+    ) -> EnvRegistrationResponse | WaitForTrainerResponse:
+        trainer = self.trainer
+        if trainer is None or not self._state["started"]:
+            return WaitForTrainerResponse()
+        env = self._envs.register(registration)
+        self._state["envs"] = self._envs.to_state()
+        self.store.save_state(self._state)
+        return EnvRegistrationResponse(
+            env_id=env.env_id,
+            wandb_name=env.wandb_name,
+            checkpoint_dir=trainer.checkpoint_dir,
+            starting_step=self.current_step,
+            checkpoint_interval=trainer.save_checkpoint_interval,
+            num_steps=trainer.num_steps,
+        )
+
+    def disconnect_env(self, env_id: int) -> None:
+        self._envs.disconnect(env_id)
+        self._state["envs"] = self._envs.to_state()
+        self.store.save_state(self._state)
+
+    def status(self) -> StatusResponse:
+        return StatusResponse(current_step=self.current_step, queue_size=len(self._queue))
+
+    def status_env(self, env_id: int) -> EnvStatusResponse:
+        trainer = self.trainer
+        return self._envs.status(
+            env_id,
+            current_step=self.current_step,
+            batch_size=trainer.batch_size if trainer else 0,
+            queued_sequences=self._env_sequences,
+            max_group_size=max((size for size, n in self._sizes.items() if n), default=1),
+        )
+
+    # -- ingest --------------------------------------------------------------------------
+
+    def _check(
+        self, raw: Any, trainer: TrainerRegistration | None
+    ) -> tuple[CheckedGroup, bool, bytes]:
+        checked = check_group(raw, batch_size=trainer.batch_size if trainer else None)
+        if checked.env_id is not None:
+            self._envs.get(checked.env_id)
+        too_long = trainer is not None and checked.max_len > trainer.max_token_len
+        if too_long and self.settings.too_long_policy == "reject":
+            assert trainer is not None
+            raise InvalidGroupError(
+                "tokens",
+                f"a sequence has {checked.max_len} tokens, more than the trainer's max_token_len "
+                f"{trainer.max_token_len}; truncate or filter it before sending",
+            )
+        return checked, too_long, encode_group(checked.group)
+
+    def ingest(self, raws: Sequence[Any], *, as_list: bool = False) -> IngestResult:
+        """Validate every group, then queue all of them or none (errors name the index)."""
+        trainer = self.trainer
+        checked: list[tuple[CheckedGroup, bool, bytes]] = []
+        for index, raw in enumerate(raws):
+            try:
+                checked.append(self._check(raw, trainer))
+            except InvalidGroupError as err:
+                if not as_list:
+                    raise
+                raise InvalidGroupError(f"[{index}].{err.field}", err.message) from err
+        ids = {c.group_id for c, _, _ in checked if c.group_id is not None}
+        seen = self.store.seen_group_ids(ids) if ids else set()
+        fresh: list[tuple[CheckedGroup, bytes]] = []
+        duplicates = dropped = 0
+        for group, too_long, blob in checked:
+            if group.group_id is not None and group.group_id in seen:
+                duplicates += 1
+                continue
+            if group.group_id is not None:
+                seen.add(group.group_id)
+            if too_long:
+                dropped += 1
+                continue
+            fresh.append((group, blob))
+        self._check_room(len(fresh), sum(len(blob) for _, blob in fresh))
+        new: list[NewGroup] = []
+        for group, blob in fresh:
+            key = int(self._state["next_key"])
+            self._state["next_key"] = key + 1
+            meta = GroupMeta(
+                key, group.env_id, group.size, group.tokens, group.max_len, len(blob),
+                group.policy_version,
+            )  # fmt: skip
+            new.append(NewGroup(meta, blob, group.group_id))
+        self._count("groups_in", len(new))
+        self._count("sequences_in", sum(g.meta.size for g in new))
+        self._count("duplicates", duplicates)
+        self._count("dropped_too_long", dropped)
+        if new or duplicates or dropped:
+            self.store.add_groups(new, self._state)
+        for stored in new:
+            self._enqueue(stored.meta)
+            self._remember(stored.blob)
+        if dropped:
+            logger.warning("dropped %d group(s) with sequences past max_token_len", dropped)
+        return IngestResult(accepted=len(new), duplicates=duplicates, dropped=dropped)
+
+    def _check_room(self, groups: int, nbytes: int) -> None:
+        limits = self.settings
+        if len(self._queue) + groups > limits.max_queued_groups:
+            message = f"queue holds {len(self._queue)} groups (limit {limits.max_queued_groups})"
+        elif self._queued_bytes + nbytes > limits.max_queued_bytes:
+            message = f"queue holds {self._queued_bytes} bytes (limit {limits.max_queued_bytes})"
+        else:
+            return
+        self._count("rejected_queue_full", groups)
+        raise QueueFullError(
+            f"{message}; retry later, the trainer is behind", limits.retry_after_seconds
+        )
+
+    # -- read-only views -----------------------------------------------------------------
+
+    def _remember(self, blob: bytes) -> None:
+        """Keep the newest groups for /recent_groups, by count and within RECENT_BYTES."""
+        if self.settings.recent_groups_kept == 0:
+            return
+        self._recent.append(blob)
+        self._recent_bytes += len(blob)
+        while len(self._recent) > 1 and (
+            len(self._recent) > self.settings.recent_groups_kept
+            or self._recent_bytes > RECENT_BYTES
+        ):
+            self._recent_bytes -= len(self._recent.popleft())
+
+    def latest_example(self) -> dict[str, Any]:
+        return decode_group(self._recent[-1]) if self._recent else dict(EMPTY_EXAMPLE)
+
+    def recent_groups(self, limit: int, env_id: int | None = None) -> list[dict[str, Any]]:
+        groups = [decode_group(blob) for blob in self._recent]
+        if env_id is not None:
+            groups = [g for g in groups if g.get("env_id") == env_id]
+        return groups[-limit:] if limit > 0 else []
+
+    def reset(self) -> None:
+        self.store.reset()
+        self._recent.clear()
+        self._recent_bytes = 0
+        self._load()
+        logger.info("broker reset: queue, batches, trainer and envs cleared")

@@ -1,0 +1,87 @@
+"""Settings of the broker process (``run-api``): flags, ``ATROPOS_*`` variables, defaults."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class BrokerSettings(BaseSettings):
+    """Everything the broker can be told: each field is a ``--flag`` and an ``ATROPOS_*`` var."""
+
+    model_config = SettingsConfigDict(env_prefix="ATROPOS_", extra="ignore")
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface to listen on; use 0.0.0.0 to accept connections from other hosts.",
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
+    store: str = Field(
+        default="sqlite:atropos_broker.sqlite3",
+        description="Where queued groups live: 'sqlite:<path>' (durable) "
+        "or 'memory' (lost on exit).",
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="When set, every request must send 'Authorization: Bearer <key>' "
+        "(also read from ATROPOS_API_KEY).",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed by CORS; empty means no cross-origin access.",
+    )
+    max_request_bytes: int = Field(
+        default=64 * MiB, gt=0, description="Largest request body accepted as sent (413 above)."
+    )
+    max_inflated_bytes: int = Field(
+        default=256 * MiB,
+        gt=0,
+        description="Largest request body accepted after gzip inflation (413 above).",
+    )
+    max_queued_groups: int = Field(
+        default=100_000, gt=0, description="Queued groups past which posts get 503 + Retry-After."
+    )
+    max_queued_bytes: int = Field(
+        default=8 * GiB,
+        gt=0,
+        description="Stored bytes of queued groups past which posts get 503 + Retry-After.",
+    )
+    retain_delivered_batches: int = Field(
+        default=8,
+        ge=0,
+        description="Delivered batches kept for re-delivery when the trainer never acknowledges.",
+    )
+    too_long_policy: Literal["reject", "drop"] = Field(
+        default="reject",
+        description="A sequence longer than the trainer's max_token_len: 'reject' answers 422, "
+        "'drop' discards its group and counts it.",
+    )
+    recent_groups_kept: int = Field(
+        default=64, ge=0, description="Accepted groups kept for GET /recent_groups."
+    )
+    gzip_level: int = Field(
+        default=1, ge=1, le=9, description="gzip level of responses of 1000 bytes or more."
+    )
+    retry_after_seconds: int = Field(
+        default=2, ge=1, description="Retry-After sent with 503 when the queue is full."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Logging level of the broker process."
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _store_is_known(cls, value: str) -> str:
+        if value == "memory" or (value.startswith("sqlite:") and len(value) > len("sqlite:")):
+            return value
+        raise ValueError(
+            f"unknown store {value!r}; use 'memory' or 'sqlite:<path>' (e.g. sqlite:broker.db)"
+        )

@@ -1,0 +1,93 @@
+"""Compact bytes for one validated group, and back.
+
+Token ids are int32; masks become a 1-byte trained flag per position when they follow the usual
+``where(trained, token, -100)`` rule (int32 otherwise); float arrays are float32; every other
+field is orjson. A group of G sequences of L tokens costs about 5*G*L bytes plus its extras.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+
+from atroposlib.errors import InvalidGroupError
+from atroposlib.protocol import MASK_IGNORE_INDEX, PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
+
+logger = logging.getLogger(__name__)
+
+_INT = np.dtype("<i4")
+_FLOAT = np.dtype("<f4")
+_FLAG = np.dtype("u1")
+_ARRAY_FIELDS = frozenset(("tokens", "masks", *PACKED_FLOAT_FIELDS))
+
+
+def _concat(rows: list[np.ndarray], dtype: np.dtype[Any]) -> bytes:
+    if not rows:
+        return b""
+    return np.concatenate(rows).astype(dtype, copy=False).tobytes()
+
+
+def encode_group(group: dict[str, Any]) -> bytes:
+    """``group`` holds per-token fields as lists of 1-D numpy arrays (as validation leaves it)."""
+    tokens: list[np.ndarray] = group["tokens"]
+    flat_tokens = np.concatenate(tokens).astype(_INT) if tokens else np.zeros(0, _INT)
+    flat_masks = np.concatenate(group["masks"]).astype(_INT) if tokens else np.zeros(0, _INT)
+    trained = flat_masks != MASK_IGNORE_INDEX
+    record: dict[str, Any] = {
+        "n": np.fromiter((len(row) for row in tokens), _INT, len(tokens)).tobytes(),
+        "t": flat_tokens.tobytes(),
+    }
+    if np.array_equal(flat_masks[trained], flat_tokens[trained]):
+        record["f"] = trained.astype(_FLAG).tobytes()
+    else:
+        record["m"] = flat_masks.tobytes()
+    for name in PACKED_FLOAT_FIELDS:
+        rows = group.get(name)
+        if rows is not None:
+            record[name] = _concat(rows, _FLOAT)
+    extras = {k: v for k, v in group.items() if k not in _ARRAY_FIELDS and v is not None}
+    record["x"] = _dump_extras(extras)
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def _dump_extras(extras: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(extras, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        for name, value in extras.items():
+            try:
+                orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+            except TypeError as err:
+                raise InvalidGroupError(
+                    name, f"holds a value JSON cannot carry ({err}); send only JSON values"
+                ) from err
+        raise
+
+
+def _split(flat: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    return [flat[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
+def decode_group(blob: bytes) -> dict[str, Any]:
+    """Every key of ``SCORED_DATA_FIELDS`` (None when absent); per-token fields as numpy arrays."""
+    record = msgpack.unpackb(blob, raw=False)
+    lengths = np.frombuffer(record["n"], _INT)
+    bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    flat_tokens = np.frombuffer(record["t"], _INT)
+    if "f" in record:
+        flags = np.frombuffer(record["f"], _FLAG).astype(bool)
+        flat_masks = np.where(flags, flat_tokens, np.int32(MASK_IGNORE_INDEX)).astype(_INT)
+    else:
+        flat_masks = np.frombuffer(record["m"], _INT)
+    group: dict[str, Any] = dict.fromkeys(SCORED_DATA_FIELDS)
+    group.update(orjson.loads(record["x"]))
+    group["tokens"] = _split(flat_tokens, bounds)
+    group["masks"] = _split(flat_masks, bounds)
+    for name in PACKED_FLOAT_FIELDS:
+        if name in record:
+            group[name] = _split(np.frombuffer(record[name], _FLOAT), bounds)
+    return group

@@ -1,0 +1,214 @@
+"""Fast checks of one decoded group (a dict from JSON or msgpack), with numpy, no pydantic.
+
+The rules are those of :class:`atroposlib.protocol.ScoredData` plus what a trainer needs:
+aligned lengths, finite numbers, at least one sequence, token ids and masks that are numbers
+(not numeric strings) within int32. A failure raises
+:class:`InvalidGroupError` naming the field and the fix. The result holds the per-token fields
+as 1-D numpy arrays (int32 / float32), ready for the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atroposlib.codec import PACKED_DTYPES
+from atroposlib.errors import InvalidGroupError
+from atroposlib.protocol import PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
+
+logger = logging.getLogger(__name__)
+
+_INT32 = np.iinfo(np.int32)
+_GROUP_ID_MAX = 200
+_DICT_OR_NONE = ("generation_params", "group_overrides")
+_NESTED_OR_NONE = ("distill_token_ids", "distill_logprobs")
+
+
+@dataclass(slots=True)
+class CheckedGroup:
+    group: dict[str, Any]
+    size: int
+    tokens: int
+    max_len: int
+    env_id: int | None
+    group_id: str | None
+    policy_version: int | None
+
+
+def _integral_int32(arr: np.ndarray) -> bool:
+    finite = bool(np.isfinite(arr).all())
+    return finite and bool((arr == arr.round()).all()) and _in_int32(arr)
+
+
+def _in_int32(arr: np.ndarray) -> bool:
+    return bool(arr.min() >= _INT32.min and arr.max() <= _INT32.max)
+
+
+def _int_row(field: str, index: int, row: Any) -> np.ndarray:
+    if isinstance(row, bytes | bytearray | memoryview):
+        if len(row) % 4:
+            raise InvalidGroupError(
+                f"{field}[{index}]", "packed bytes must be little-endian int32 (length % 4 == 0)"
+            )
+        return np.frombuffer(row, dtype=PACKED_DTYPES[field])
+    if not isinstance(row, list | np.ndarray):
+        raise InvalidGroupError(f"{field}[{index}]", "must be a list of integers")
+    try:
+        arr = np.asarray(row)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise InvalidGroupError(f"{field}[{index}]", f"must be a list of integers ({err})") from err
+    if arr.ndim != 1:
+        raise InvalidGroupError(f"{field}[{index}]", "must be a flat list of integers")
+    if arr.size and arr.dtype.kind == "f" and _integral_int32(arr):
+        arr = arr.astype(np.int64)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidGroupError(f"{field}[{index}]", "must be a list of integers")
+    if arr.size and not _in_int32(arr):
+        raise InvalidGroupError(f"{field}[{index}]", "values must fit in int32")
+    return arr.astype(PACKED_DTYPES[field], copy=False)
+
+
+def _float_row(field: str, index: int, row: Any) -> np.ndarray:
+    if isinstance(row, bytes | bytearray | memoryview):
+        if len(row) % 4:
+            raise InvalidGroupError(
+                f"{field}[{index}]", "packed bytes must be little-endian float32 (length % 4 == 0)"
+            )
+        arr = np.frombuffer(row, dtype=PACKED_DTYPES[field])
+    elif isinstance(row, list | np.ndarray):
+        try:
+            arr = np.asarray(row, dtype=np.float64)
+        except (ValueError, TypeError) as err:
+            raise InvalidGroupError(
+                f"{field}[{index}]", f"must be a list of numbers ({err})"
+            ) from err
+        if arr.ndim != 1:
+            raise InvalidGroupError(f"{field}[{index}]", "must be a flat list of numbers")
+    else:
+        raise InvalidGroupError(f"{field}[{index}]", "must be a list of numbers")
+    if not np.isfinite(arr).all():
+        raise InvalidGroupError(
+            f"{field}[{index}]", "contains NaN or infinity; send finite numbers only"
+        )
+    return arr.astype(PACKED_DTYPES[field], copy=False)
+
+
+def _rows(raw: dict[str, Any], field: str, size: int | None) -> list[Any] | None:
+    rows = raw.get(field)
+    if rows is None:
+        return None
+    if not isinstance(rows, list):
+        raise InvalidGroupError(field, "must be a list with one entry per sequence")
+    if size is not None and len(rows) != size:
+        raise InvalidGroupError(
+            field, f"has {len(rows)} entries but tokens has {size} sequences; send one per sequence"
+        )
+    return rows
+
+
+def _check_aligned(field: str, rows: list[np.ndarray], lengths: list[int]) -> None:
+    for index, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        if len(row) != length:
+            raise InvalidGroupError(
+                f"{field}[{index}]",
+                f"has {len(row)} values but tokens[{index}] has {length}; align it with tokens",
+            )
+
+
+def _check_scores(raw: dict[str, Any], size: int) -> list[float]:
+    scores = _rows(raw, "scores", size)
+    if scores is None:
+        raise InvalidGroupError("scores", "is required: one score per sequence")
+    out: list[float] = []
+    for index, score in enumerate(scores):
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise InvalidGroupError(f"scores[{index}]", "must be a number")
+        if not math.isfinite(score):
+            raise InvalidGroupError(f"scores[{index}]", "is NaN or infinite; send a finite score")
+        out.append(float(score))
+    return out
+
+
+def _check_messages(raw: dict[str, Any]) -> None:
+    chats = _rows(raw, "messages", None)
+    for i, chat in enumerate(chats or ()):
+        if not isinstance(chat, list):
+            raise InvalidGroupError(f"messages[{i}]", "must be a list of chat messages")
+        for j, message in enumerate(chat):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise InvalidGroupError(
+                    f"messages[{i}][{j}]", "each message needs 'role' and 'content' keys"
+                )
+            if not isinstance(message["role"], str):
+                raise InvalidGroupError(f"messages[{i}][{j}].role", "must be a string")
+
+
+def _optional_int(raw: dict[str, Any], field: str, minimum: int | None) -> int | None:
+    value = raw.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidGroupError(field, "must be an integer or null")
+    if minimum is not None and value < minimum:
+        raise InvalidGroupError(field, f"must be >= {minimum}")
+    return value
+
+
+def check_group(raw: Any, *, batch_size: int | None = None) -> CheckedGroup:
+    """Validate one decoded group; ``batch_size`` (when known) bounds the number of sequences."""
+    if not isinstance(raw, dict):
+        raise InvalidGroupError("body", "a group must be a JSON object with tokens/masks/scores")
+    token_rows = _rows(raw, "tokens", None)
+    if token_rows is None:
+        raise InvalidGroupError("tokens", "is required: one list of token ids per sequence")
+    size = len(token_rows)
+    if size == 0:
+        raise InvalidGroupError("tokens", "the group has no sequences; send at least one")
+    if batch_size is not None and size > batch_size:
+        raise InvalidGroupError(
+            "tokens",
+            f"the group has {size} sequences but the trainer's batch_size is {batch_size}; "
+            "send smaller groups",
+        )
+    group: dict[str, Any] = {k: raw.get(k) for k in SCORED_DATA_FIELDS}
+    tokens = [_int_row("tokens", i, row) for i, row in enumerate(token_rows)]
+    lengths = [len(row) for row in tokens]
+    mask_rows = _rows(raw, "masks", size)
+    if mask_rows is None:
+        raise InvalidGroupError("masks", "is required: tokens' shape, -100 where not trained")
+    masks = [_int_row("masks", i, row) for i, row in enumerate(mask_rows)]
+    _check_aligned("masks", masks, lengths)
+    group["tokens"], group["masks"] = tokens, masks
+    group["scores"] = _check_scores(raw, size)
+    for field in PACKED_FLOAT_FIELDS:
+        rows = _rows(raw, field, size)
+        if rows is not None:
+            group[field] = [_float_row(field, i, row) for i, row in enumerate(rows)]
+            _check_aligned(field, group[field], lengths)
+    overrides = _rows(raw, "overrides", size)
+    if overrides is not None and not all(isinstance(o, dict) for o in overrides):
+        raise InvalidGroupError("overrides", "must be a list of objects, one per sequence")
+    for field in _DICT_OR_NONE:
+        if raw.get(field) is not None and not isinstance(raw[field], dict):
+            raise InvalidGroupError(field, "must be an object or null")
+    for field in _NESTED_OR_NONE:
+        rows = _rows(raw, field, None)
+        if rows is not None and not all(isinstance(r, list) for r in rows):
+            raise InvalidGroupError(field, "must be [sequence][position][top_k] lists")
+    _check_messages(raw)
+    group_id = raw.get("group_id")
+    if group_id is not None and (not isinstance(group_id, str) or len(group_id) > _GROUP_ID_MAX):
+        raise InvalidGroupError("group_id", f"must be a string of at most {_GROUP_ID_MAX} chars")
+    return CheckedGroup(
+        group=group,
+        size=size,
+        tokens=sum(lengths),
+        max_len=max(lengths),
+        env_id=_optional_int(raw, "env_id", None),
+        group_id=group_id,
+        policy_version=_optional_int(raw, "policy_version", 0),
+    )

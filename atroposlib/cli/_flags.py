@@ -1,0 +1,91 @@
+"""Command-line flags generated from a settings class: one declaration, one ``--help``.
+
+Each field becomes ``--kebab-case`` (bool: a switch; list: repeatable); fields named in
+``positional`` become positional arguments. Only the flags actually given are passed to the
+settings class, so its environment variables and defaults fill the rest. Every error (unknown
+flag, bad value, broken invariant) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+Settings = TypeVar("Settings", bound=BaseModel)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports errors on a single line (no usage dump) and exits with 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _scalar(annotation: Any) -> tuple[Any, bool]:
+    """(element type, is_list) of a field annotation; Optional is unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return _scalar(options[0])
+    if origin is list:
+        return typing.get_args(annotation)[0], True
+    return annotation, False
+
+
+def build_parser(
+    model: type[BaseModel], prog: str, description: str, positional: Sequence[str] = ()
+) -> OneLineParser:
+    parser = OneLineParser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    for name, info in model.model_fields.items():
+        kind, is_list = _scalar(info.annotation)
+        help_text = info.description or ""
+        shown = not info.is_required() and info.default_factory is None and kind is not bool
+        if shown and info.default not in (None, [], ()):
+            help_text += f" (default: {info.default})"
+        if name in positional:
+            optional: dict[str, Any] = {} if info.is_required() else {"nargs": "?", "default": None}
+            parser.add_argument(name, type=kind, help=help_text, **optional)
+            continue
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action="store_true", help=help_text)
+        elif is_list:
+            parser.add_argument(flag, dest=name, type=kind, action="append", help=help_text)
+        else:
+            metavar = "PATH" if kind is Path else name.upper()
+            parser.add_argument(flag, dest=name, type=kind, metavar=metavar, help=help_text)
+    return parser
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if not first["loc"]:
+        return message
+    return f"--{str(first['loc'][0]).replace('_', '-')}: {message}"
+
+
+def parse_settings(
+    model: type[Settings], parser: OneLineParser, argv: Sequence[str] | None = None
+) -> Settings:
+    """Parse ``argv`` into ``model``; exits with status 2 and one line on any error."""
+    given = {
+        key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None
+    }
+    try:
+        return model(**given)
+    except ValidationError as err:
+        parser.exit(2, f"{parser.prog}: error: {_one_line(err)}\n")
+
+
+def fail(prog: str, message: str, status: int = 1) -> NoReturn:
+    """Print one line to stderr and exit."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(status)

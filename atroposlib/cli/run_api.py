@@ -1,0 +1,77 @@
+"""``run-api``: start the broker (one process, uvicorn) from flags and ``ATROPOS_*`` variables."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from atroposlib.api.settings import BrokerSettings
+
+logger = logging.getLogger("atroposlib.api")
+
+
+class RunApiSettings(BrokerSettings, cli_kebab_case=True, cli_prog_name="run-api"):
+    """Start the atroposlib broker: the queue between environments and the trainer."""
+
+
+def _kebab(argv: Sequence[str]) -> list[str]:
+    """Accept --max_queued_groups as well as --max-queued-groups."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
+            name, sep, value = arg.partition("=")
+            arg = name.replace("_", "-") + sep + value
+        out.append(arg)
+    return out
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
+    args = _kebab(sys.argv[1:] if argv is None else argv)
+    try:
+        return CliApp.run(RunApiSettings, cli_args=args)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "settings"
+        print(f"run-api: error: --{field.replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        raise SystemExit(2) from err
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    import uvicorn  # after parsing, so that --help and bad flags answer at once
+
+    from atroposlib.api.app import create_app
+    from atroposlib.api.store import open_store
+    from atroposlib.errors import ConfigError
+
+    try:
+        open_store(settings.store).close()
+    except ConfigError as err:
+        print(f"run-api: error: --store: {err}", file=sys.stderr)
+        raise SystemExit(1) from err
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logger.info(
+        "broker listening on http://%s:%d store=%s auth=%s",
+        settings.host, settings.port, settings.store,
+        "bearer" if settings.api_key else "none",
+    )  # fmt: skip
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=settings.log_level == "debug",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""``view-run``: browse scored groups from a live broker (read-only) or JSONL dumps.
+
+    view-run --api-url http://localhost:8000 --tokenizer MODEL     # the broker's recent groups
+    view-run --input groups.jsonl --tokenizer MODEL                # env ``process`` dumps
+
+Serves on 127.0.0.1 only (reach it from elsewhere with an SSH tunnel); no share link.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from atroposlib.cli._flags import build_parser, fail, parse_settings
+from atroposlib.export.text import Decoder
+
+
+class ViewRunSettings(BaseSettings):
+    """Where the groups come from and where the app listens (always 127.0.0.1)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ATROPOS_VIEW_", extra="forbid", populate_by_name=True
+    )
+
+    input: list[str] = Field(
+        default_factory=list,
+        description="Show the groups of this JSONL dump instead of a broker's; repeatable.",
+    )
+    api_url: str = Field(
+        default="http://localhost:8000",
+        description="Broker to read recent groups from (GET /recent_groups only).",
+    )
+    api_key: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ATROPOS_VIEW_API_KEY", "ATROPOS_API_KEY"),
+        description="Bearer token of the broker, when it requires one (or ATROPOS_API_KEY).",
+    )
+    limit: int = Field(default=64, gt=0, description="How many recent groups to fetch.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="Tokenizer (hub name or folder) to show tokens as text; without it the "
+        "viewer shows token ids.",
+    )
+    port: int = Field(default=7860, ge=0, le=65535, description="Port on 127.0.0.1 to serve on.")
+
+
+def _decoder(name: str | None) -> Decoder | None:
+    if name is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer: Decoder = AutoTokenizer.from_pretrained(name)  # type: ignore[assignment]
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        fail("view-run", f"--tokenizer {name}: cannot load it ({reason})", status=2)
+    return tokenizer
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser(
+        ViewRunSettings, "view-run", "Browse scored groups from a broker or JSONL dumps."
+    )
+    settings = parse_settings(ViewRunSettings, parser, argv)
+    logging.basicConfig(level=logging.WARNING, format="view-run: %(message)s")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    missing = [path for path in settings.input if path != "-" and not os.path.isfile(path)]
+    if missing:
+        fail("view-run", f"--input {missing[0]}: no such file", status=2)
+    decoder = _decoder(settings.tokenizer)
+
+    from atroposlib.viewer.app import LOCALHOST, build_app, launch
+    from atroposlib.viewer.data import broker_loader, file_loader
+
+    if settings.input:
+        load = file_loader(settings.input)
+        source = ", ".join(settings.input)
+    else:
+        load = broker_loader(settings.api_url, settings.api_key, settings.limit)
+        source = f"broker {settings.api_url}"
+    print(f"view-run: serving {source} on http://{LOCALHOST}:{settings.port}", flush=True)
+    launch(build_app(load, decoder, source), settings.port)
+
+
+if __name__ == "__main__":
+    main()

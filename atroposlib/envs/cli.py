@@ -1,0 +1,106 @@
+"""``python my_env.py serve|process|evaluate``: parse settings, build the env, run the mode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
+from atroposlib.errors import ConfigError
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+COMMANDS = {
+    "serve": "generate rollouts and send them to the broker (run-api)",
+    "process": "generate groups without a broker: JSONL + HTML report",
+    "evaluate": "run evaluate() once: metrics.json, samples.jsonl, a table",
+}
+
+
+def _usage(env_cls: type[BaseEnv]) -> str:
+    lines = [f"usage: {sys.argv[0]} {{serve,process,evaluate}} [--help] [options]", ""]
+    lines.append(f"CLI for {env_cls.__name__}. Commands:")
+    lines.extend(f"  {name:<9} {text}" for name, text in COMMANDS.items())
+    return "\n".join(lines)
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(2)
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error as one line: the flag it came from and what it accepts."""
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"] if not isinstance(part, int))
+    flag = "--" + (location.replace("servers", "openai") or "?")
+    got = first.get("input")
+    shown = f" (got {got!r})" if not isinstance(got, dict | list) else ""
+    extra = f"; {len(exc.errors()) - 1} more error(s)" if len(exc.errors()) > 1 else ""
+    return f"{flag}: {first['msg']}{shown}{extra}"
+
+
+def parse_settings(
+    env_cls: type[BaseEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
+) -> EnvCliSettings:
+    from atroposlib.envs.modes import COMMAND_DEFAULTS
+
+    model = settings_model(env_cls.env_config_cls, command)
+    defaults = env_cls.config_init()
+    model = settings_model(type(defaults[0]), command)
+    command_defaults = COMMAND_DEFAULTS[command](env_cls)
+    try:
+        return resolve_settings(model, argv, defaults, command_defaults, environ)
+    except SettingsError as exc:
+        _fail(str(exc).removeprefix("error parsing CLI: "))
+    except ValidationError as exc:
+        _fail(describe_validation_error(exc))
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
+    env_config = settings.env
+    if env_config.wandb_name is None and env_cls.name:
+        env_config.wandb_name = env_cls.name
+    servers: Any = settings.servers or ([settings.openai] if settings.openai else None)
+    if servers is None:
+        servers = env_cls.config_init()[1]
+    return env_cls(env_config, servers, slurm=settings.slurm, testing=settings.testing)
+
+
+def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(_usage(env_cls) + "\n")
+        raise SystemExit(0 if args else 2)
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        _fail(f"unknown command {command!r}; use one of: serve, process, evaluate")
+    settings = parse_settings(env_cls, command, rest)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from atroposlib.envs import modes
+
+    try:
+        env = build_env(env_cls, settings)
+    except ConfigError as exc:
+        _fail(str(exc))
+    runner = {"serve": modes.serve, "process": modes.process, "evaluate": modes.evaluate}[command]
+    try:
+        asyncio.run(runner(env))
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

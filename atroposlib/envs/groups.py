@@ -1,0 +1,124 @@
+"""What ``collect_trajectories`` returns, and the checks a group passes before it is sent."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NotRequired, TypedDict
+
+from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.type_definitions import Message
+
+
+class ScoredDataGroup(TypedDict):
+    """G rollouts of the same item (a dict; its wire form is ``protocol.ScoredData``)."""
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: NotRequired[list[list[float]] | None]
+    ref_logprobs: NotRequired[list[list[float]] | None]
+    messages: NotRequired[list[list[Message]] | None]
+    generation_params: NotRequired[dict[str, Any] | None]
+    inference_logprobs: NotRequired[list[list[float]] | None]
+    group_overrides: NotRequired[dict[str, Any] | None]
+    overrides: NotRequired[list[dict[str, Any]] | None]
+    images: NotRequired[Any | None]
+
+
+class ScoredDataItem(TypedDict):
+    """One rollout, returned by ``collect_trajectory``; G of them make a group."""
+
+    tokens: list[int]
+    masks: list[int]
+    scores: float
+    advantages: NotRequired[list[float] | None]
+    ref_logprobs: NotRequired[list[float] | None]
+    messages: NotRequired[list[Message] | None]
+    inference_logprobs: NotRequired[list[float] | None]
+    group_overrides: NotRequired[dict[str, Any] | None]
+    overrides: NotRequired[dict[str, Any] | None]
+    images: NotRequired[Any | None]
+
+
+_PER_SEQUENCE_FIELDS = ("advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides")
+_PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
+
+
+def group_from_items(items: Sequence[ScoredDataItem]) -> ScoredDataGroup:
+    """Stack single rollouts into a group; optional fields are kept only when every item has one."""
+    group: ScoredDataGroup = {
+        "tokens": [item["tokens"] for item in items],
+        "masks": [item["masks"] for item in items],
+        "scores": [item["scores"] for item in items],
+    }
+    for field in _PER_SEQUENCE_FIELDS:
+        values = [item.get(field) for item in items]
+        if values and all(value is not None for value in values):
+            group[field] = values  # type: ignore[literal-required]
+    group_overrides: dict[str, Any] = {}
+    for item in items:
+        group_overrides.update(item.get("group_overrides") or {})
+    if group_overrides:
+        group["group_overrides"] = group_overrides
+    images = [item["images"] for item in items if item.get("images") is not None]
+    if images:
+        group["images"] = images
+    return group
+
+
+def expected_group_size(group: ScoredDataGroup | dict[str, Any], default: int) -> int:
+    """The size the env promises for this group: ``group_overrides.group_size`` or the config."""
+    overrides = group.get("group_overrides") or {}
+    return int(overrides.get("group_size", default))
+
+
+def group_rejection_reason(
+    group: ScoredDataGroup | dict[str, Any],
+    *,
+    group_size: int,
+    max_token_len: int,
+    ensure_scores_are_not_same: bool,
+) -> str | None:
+    """Why this group must not be sent, or ``None`` when it is fine.
+
+    ``max_token_len <= 0`` means the trainer accepts any length.
+
+    >>> ok = {"tokens": [[1, 2], [1, 3]], "masks": [[-100, 2], [-100, 3]], "scores": [1.0, 0.0]}
+    >>> group_rejection_reason(ok, group_size=2, max_token_len=8, ensure_scores_are_not_same=True)
+    >>> group_rejection_reason(ok, group_size=4, max_token_len=8, ensure_scores_are_not_same=True)
+    'group has 2 sequences, expected group_size 4'
+    """
+    tokens = group.get("tokens")
+    masks = group.get("masks")
+    scores = group.get("scores")
+    if not isinstance(tokens, list) or not isinstance(masks, list) or not isinstance(scores, list):
+        return "tokens, masks and scores must all be lists"
+    expected = expected_group_size(group, group_size)
+    if len(tokens) != expected:
+        return f"group has {len(tokens)} sequences, expected group_size {expected}"
+    if len(masks) != len(tokens) or len(scores) != len(tokens):
+        return (
+            f"tokens ({len(tokens)}), masks ({len(masks)}) and scores ({len(scores)}) "
+            "must have one entry per sequence"
+        )
+    for field in _PER_TOKEN_FIELDS:
+        values: Any = group.get(field)
+        if values is None:
+            continue
+        if len(values) != len(tokens):
+            return f"{field} has {len(values)} sequences, tokens has {len(tokens)}"
+        for index, (row, seq) in enumerate(zip(values, tokens, strict=True)):
+            if len(row) != len(seq):
+                return f"{field}[{index}] has {len(row)} positions, tokens[{index}] has {len(seq)}"
+    if not all(isinstance(s, int | float) and math.isfinite(s) for s in scores):
+        return "scores must be finite numbers"
+    if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) == 1:
+        return f"all {len(scores)} scores are equal ({scores[0]}): no learning signal"
+    if max_token_len > 0:
+        longest = max((len(seq) for seq in tokens), default=0)
+        if longest > max_token_len:
+            return f"a sequence has {longest} tokens, over max_token_len {max_token_len}"
+    if all(all(m == MASK_IGNORE_INDEX for m in row) for row in masks):
+        return "every position is masked (-100): nothing to train on"
+    return None

@@ -1,0 +1,130 @@
+"""Managed mode: completions that come back with token ids, prompt masks and logprobs.
+
+Each completion becomes a ``SequenceNode`` (prompt + completion). A later prompt that starts
+with a node's ``full_text`` extends that node: its tokens, masks and logprobs are reused as
+they are and only the new suffix is tokenized, so multi-turn rollouts are never re-tokenized.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from pydantic import BaseModel
+
+from atroposlib.protocol import MASK_IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+PROMPT_LOGPROB = 1.0
+"""Logprob placeholder on prompt positions (an impossible value, so trainers can spot it)."""
+
+
+class SequenceNode(BaseModel):
+    full_text: str
+    tokens: list[int]
+    masked_tokens: list[int]
+    logprobs: list[float]
+    metadata: dict[str, Any] | None = None
+
+
+class ManagedServer:
+    """Wraps a ServerManager inside ``async with server.managed_server(tokenizer=...)``."""
+
+    def __init__(self, manager: ServerManager, tokenizer: Any) -> None:
+        self.manager = manager
+        self.tokenizer = tokenizer
+        self.nodes: list[SequenceNode] = []
+
+    def get_state(self) -> dict[str, Any]:
+        return {"nodes": list(self.nodes)}
+
+    def reset(self) -> None:
+        self.nodes = []
+
+    async def completion(self, *, prompt: str, n: int = 1, **sampling: Any) -> Completion:
+        sequences = await self._extend(prompt, n, sampling)
+        choices = [
+            {"index": i, "text": text, "finish_reason": _openai_reason(reason)}
+            for i, (text, reason) in enumerate(sequences)
+        ]
+        return Completion.model_validate(_envelope("text_completion", choices))
+
+    async def chat_completion(
+        self, *, messages: list[dict[str, Any]], n: int = 1, **sampling: Any
+    ) -> ChatCompletion:
+        prompt = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        sequences = await self._extend(prompt, n, sampling)
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": _openai_reason(reason),
+            }
+            for i, (text, reason) in enumerate(sequences)
+        ]
+        return ChatCompletion.model_validate(_envelope("chat.completion", choices))
+
+    async def _extend(self, prompt: str, n: int, sampling: dict[str, Any]) -> list[tuple[str, str]]:
+        parent = self._longest_prefix_node(prompt)
+        if parent is None:
+            new_ids = self._encode(prompt)
+            prefix_ids, prefix_masks, prefix_logprobs = [], [], []
+        else:
+            new_ids = self._encode(prompt[len(parent.full_text) :])
+            prefix_ids, prefix_masks = parent.tokens, parent.masked_tokens
+            prefix_logprobs = parent.logprobs
+            self.nodes.remove(parent)
+        input_ids = [*prefix_ids, *new_ids]
+        samples = await self.manager.generate(input_ids, n, sampling)
+        out: list[tuple[str, str]] = []
+        for sample in samples:
+            text = self.tokenizer.decode(sample.output_ids, skip_special_tokens=True)
+            raw = self.tokenizer.decode(sample.output_ids, skip_special_tokens=False)
+            self.nodes.append(
+                SequenceNode(
+                    full_text=prompt + raw,
+                    tokens=[*input_ids, *sample.output_ids],
+                    masked_tokens=[
+                        *prefix_masks,
+                        *[MASK_IGNORE_INDEX] * len(new_ids),
+                        *sample.output_ids,
+                    ],
+                    logprobs=[
+                        *prefix_logprobs,
+                        *[PROMPT_LOGPROB] * len(new_ids),
+                        *sample.logprobs,
+                    ],
+                    metadata={"finish_reason": sample.finish_reason},
+                )
+            )
+            out.append((text, sample.finish_reason))
+        return out
+
+    def _longest_prefix_node(self, prompt: str) -> SequenceNode | None:
+        matches = [node for node in self.nodes if prompt.startswith(node.full_text)]
+        return max(matches, key=lambda node: len(node.full_text), default=None)
+
+    def _encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _openai_reason(reason: str) -> str:
+    return reason if reason in ("stop", "length", "tool_calls", "content_filter") else "stop"
+
+
+def _envelope(kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": "managed",
+        "object": kind,
+        "created": int(time.time()),
+        "model": "managed",
+        "choices": choices,
+    }

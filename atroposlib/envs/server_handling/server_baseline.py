@@ -1,0 +1,228 @@
+"""Inference server settings (Atropos 0.4 names) and the base class every backend extends."""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+from pydantic import BaseModel, Field
+
+from atroposlib.envs.server_handling.circuit import CircuitBreaker
+from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
+from atroposlib.errors import InferenceError, InferenceRejectedError
+
+logger = logging.getLogger(__name__)
+
+ServerType = Literal["openai", "vllm", "sglang", "embedded", "trl"]
+DEFAULT_OPENAI_URL = "https://api.openai.com/v1"
+
+
+class ServerBaseline(BaseModel):
+    """Settings for servers whose addresses are discovered (SLURM, or local ports 9004-9007)."""
+
+    timeout: float = Field(default=1200, gt=0, description="Seconds before a request is abandoned.")
+    num_max_requests_at_once: int = Field(
+        default=512, ge=1, description="Concurrent training requests per server (scaled by weight)."
+    )
+    num_requests_for_eval: int = Field(
+        default=64, ge=1, description="Concurrent evaluation requests per server."
+    )
+    model_name: str = Field(default="default", description="Model name sent with every request.")
+    rolling_buffer_length: int = Field(
+        default=1000, ge=1, description="Latencies kept per server for metrics."
+    )
+    server_type: ServerType = Field(
+        default="openai",
+        description="Backend: openai, vllm, sglang or embedded (the last three give token ids).",
+    )
+    tokenizer_name: str | None = Field(
+        default=None, description="Tokenizer for managed mode when the env passes none."
+    )
+    max_retries: int = Field(
+        default=3, ge=0, description="Retries of a failed request (on any healthy server)."
+    )
+    retry_backoff_s: float = Field(
+        default=0.5, ge=0, description="First retry delay; doubles per attempt, capped at 10 s."
+    )
+    circuit_failure_threshold: int = Field(
+        default=3, ge=1, description="Consecutive failures that take a server out of rotation."
+    )
+    circuit_reset_s: float = Field(
+        default=10.0, ge=0, description="Seconds out of rotation before a server is tried again."
+    )
+    tracing_enabled: bool = Field(default=False, description="Kept for Atropos configs; unused.")
+
+
+class APIServerConfig(ServerBaseline):
+    """One OpenAI-compatible inference server at ``base_url``."""
+
+    api_key: str | None = Field(default="", description="Bearer token for the server.")
+    base_url: str | None = Field(
+        default="", description="Server URL including /v1 (empty: the OpenAI API)."
+    )
+    n_kwarg_is_ignored: bool = Field(
+        default=False, description="The server ignores n: ask n times for one completion each."
+    )
+    health_check: bool = Field(
+        default=True, description="Probe the server (GET /models) before trusting it again."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedSequence:
+    """One sampled continuation with its token ids and per-token logprobs."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str | None = None
+
+
+class APIServer(ABC):
+    """One inference server: a single HTTP attempt per call; retries live in the manager."""
+
+    supports_token_ids: bool = False
+
+    def __init__(self, config: APIServerConfig, *, http_client: httpx.AsyncClient | None = None):
+        self.config = config
+        self.base_url = (config.base_url or DEFAULT_OPENAI_URL).rstrip("/")
+        self.root_url = self.base_url.removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.lean: LeanHTTPClient | None = None
+        parts = urlsplit(self.base_url)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        if http_client is None and parts.scheme == "http":
+            self.lean = LeanHTTPClient(self.origin, headers=headers, timeout=config.timeout)
+        self._owns_client = http_client is None
+        self.http = http_client or httpx.AsyncClient(
+            timeout=httpx.Timeout(config.timeout, connect=min(10.0, config.timeout)),
+            headers=headers,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self.breaker = CircuitBreaker(
+            self.base_url,
+            failure_threshold=config.circuit_failure_threshold,
+            reset_after_s=config.circuit_reset_s,
+        )
+        self.weight = 1.0
+        self.in_flight = {"train": 0, "eval": 0}
+        self.latencies: dict[str, deque[float]] = {
+            split: deque(maxlen=config.rolling_buffer_length) for split in ("train", "eval")
+        }
+        self.failures = 0
+        self.requests = 0
+
+    @property
+    def server_healthy(self) -> bool:
+        """Atropos name: whether the server is in rotation now."""
+        return self.breaker.allows_request()
+
+    def capacity(self, split: str) -> int:
+        if split == "eval":
+            return self.config.num_requests_for_eval
+        return max(1, int(self.config.num_max_requests_at_once * self.weight))
+
+    def free_slots(self, split: str) -> int:
+        return self.capacity(split) - self.in_flight[split]
+
+    async def update_weight(self, weight: float) -> None:
+        self.weight = max(0.01, weight)
+
+    async def post_json(self, url: str, body: dict[str, Any]) -> Any:
+        """POST and decode JSON; any transport, status or decoding problem is an InferenceError."""
+        payload = orjson.dumps(body)
+        if self.lean is not None and url.startswith(self.origin):
+            try:
+                answer = await self.lean.request("POST", url[len(self.origin) :] or "/", payload)
+            except HTTPTransportError as exc:
+                raise InferenceError(f"{url}: {exc}") from exc
+            status, content = answer.status, answer.body
+        else:
+            try:
+                response = await self.http.post(
+                    url, content=payload, headers={"Content-Type": "application/json"}
+                )
+            except httpx.HTTPError as exc:
+                raise InferenceError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            status, content = response.status_code, response.content
+        if 400 <= status < 500 and status not in (408, 429):
+            raise InferenceRejectedError(f"{url}: HTTP {status}: {content[:300]!r}")
+        if status >= 400:
+            raise InferenceError(f"{url}: HTTP {status}: {content[:200]!r}")
+        try:
+            return orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise InferenceError(f"{url}: answer is not JSON: {content[:200]!r}") from exc
+
+    async def timed(self, split: str, call: Any) -> Any:
+        """Run one request, keeping in-flight counts, latency and the circuit breaker current."""
+        self.in_flight[split] += 1
+        self.requests += 1
+        self.breaker.on_request_start()
+        start = time.perf_counter()
+        try:
+            result = await call
+        except InferenceRejectedError:
+            self.breaker.record_success()
+            raise
+        except InferenceError:
+            self.failures += 1
+            self.breaker.record_failure()
+            raise
+        finally:
+            self.in_flight[split] -= 1
+        self.latencies[split].append(time.perf_counter() - start)
+        self.breaker.record_success()
+        return result
+
+    async def health_check(self) -> bool:
+        """Whether ``GET {base_url}/models`` answers 200."""
+        try:
+            response = await self.http.get(f"{self.base_url}/models", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    @abstractmethod
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        """One ``/chat/completions`` request; returns ``openai.types.chat.ChatCompletion``."""
+
+    @abstractmethod
+    async def completion(self, **kwargs: Any) -> Any:
+        """One ``/completions`` request; returns ``openai.types.Completion``."""
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        """Sample ``n`` continuations of ``input_ids`` with token ids and logprobs."""
+        raise InferenceError(
+            f"server_type {self.config.server_type!r} cannot return token ids; "
+            "use server_type vllm, sglang or embedded for managed_server()"
+        )
+
+    def metrics(self, name: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for split, values in self.latencies.items():
+            if values:
+                ordered = sorted(values)
+                suffix = "" if split == "train" else "_eval"
+                out[f"server/{name}_request_time_avg{suffix}"] = sum(ordered) / len(ordered)
+                out[f"server/{name}_request_time_p99{suffix}"] = ordered[
+                    min(len(ordered) - 1, int(0.99 * len(ordered)))
+                ]
+        out[f"server/{name}_failures"] = float(self.failures)
+        out[f"server/{name}_times_taken_out"] = float(self.breaker.times_opened)
+        return out
+
+    async def close(self) -> None:
+        if self.lean is not None:
+            await self.lean.aclose()
+        if self._owns_client:
+            await self.http.aclose()

@@ -1,0 +1,250 @@
+"""``ServerManager``: least-loaded routing, retries and failover over any number of servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any, TypeVar
+
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from pydantic import BaseModel, Field
+
+from atroposlib.envs.server_handling.circuit import CircuitState
+from atroposlib.envs.server_handling.harness import ServerHarness
+from atroposlib.envs.server_handling.managed import ManagedServer
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    GeneratedSequence,
+    ServerBaseline,
+)
+from atroposlib.envs.server_handling.sglang_server import EmbeddedServer, SGLangServer
+from atroposlib.envs.server_handling.slurm import resolve_server_configs
+from atroposlib.envs.server_handling.vllm_server import VLLMServer
+from atroposlib.errors import (
+    ConfigError,
+    InferenceError,
+    InferenceRejectedError,
+    InferenceUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BACKENDS: dict[str, type[APIServer]] = {
+    "openai": OpenAIServer,
+    "vllm": VLLMServer,
+    "sglang": SGLangServer,
+    "embedded": EmbeddedServer,
+}
+
+__all__ = [
+    "APIServer",
+    "APIServerConfig",
+    "ServerBaseline",
+    "ServerManager",
+    "ServerManagerConfig",
+]
+
+
+class ServerManagerConfig(BaseModel):
+    slurm: bool = Field(default=False, description="Discover inference servers from SLURM.")
+    testing: bool = Field(default=False, description="Use canned local answers, no server.")
+    max_n_completions: int = Field(
+        default=8, ge=1, description="Split larger n into requests of at most this many."
+    )
+
+
+def backend_for(config: APIServerConfig) -> type[APIServer]:
+    if config.server_type not in BACKENDS:
+        raise ConfigError(
+            f"server_type {config.server_type!r} is not supported; use one of {sorted(BACKENDS)}"
+        )
+    return BACKENDS[config.server_type]
+
+
+class ServerManager:
+    """Routes each request to the healthy server with the most free slots; retries elsewhere."""
+
+    def __init__(
+        self,
+        configs: ServerBaseline | Sequence[APIServerConfig],
+        server_class: type[APIServer] | None = None,
+        slurm: bool = False,
+        testing: bool = False,
+        max_n_completions: int = 8,
+    ) -> None:
+        self.max_n_completions = max_n_completions
+        if testing:
+            self.servers: list[APIServer] = [ServerHarness()]
+        else:
+            resolved = resolve_server_configs(configs, slurm=slurm)
+            self.servers = [(server_class or backend_for(c))(c) for c in resolved]
+        first = self.servers[0].config
+        self.max_retries = first.max_retries
+        self.retry_backoff_s = first.retry_backoff_s
+        self._slot_freed = asyncio.Event()
+        self._probes: set[asyncio.Task[None]] = set()
+
+    # ---- routing ------------------------------------------------------------------------
+
+    def _usable(self, server: APIServer, split: str) -> bool:
+        breaker = server.breaker
+        if breaker.state is CircuitState.CLOSED:
+            return server.free_slots(split) > 0
+        if not breaker.allows_request():
+            return False
+        if server.config.health_check:
+            breaker.on_request_start()
+            probe = asyncio.create_task(self._probe(server))
+            self._probes.add(probe)
+            probe.add_done_callback(self._probes.discard)
+            return False
+        return server.free_slots(split) > 0
+
+    async def _probe(self, server: APIServer) -> None:
+        if await server.health_check():
+            server.breaker.record_success()
+        else:
+            server.breaker.trip()
+        self._slot_freed.set()
+
+    async def _acquire(self, split: str, servers: Sequence[APIServer]) -> APIServer:
+        while True:
+            usable = [s for s in servers if self._usable(s, split)]
+            if usable:
+                most_free = max(s.free_slots(split) for s in usable)
+                return random.choice([s for s in usable if s.free_slots(split) == most_free])
+            waits = [s.breaker.seconds_until_retry() for s in servers]
+            timeout = max(0.01, min([w for w in waits if w > 0] or [0.5]))
+            self._slot_freed.clear()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), timeout=timeout)
+
+    async def _call(
+        self,
+        split: str,
+        op: Callable[[APIServer], Awaitable[T]],
+        servers: Sequence[APIServer] | None = None,
+    ) -> T:
+        pool = servers if servers is not None else self.servers
+        attempt = 0
+        while True:
+            server = await self._acquire(split, pool)
+            try:
+                return await op(server)
+            except InferenceRejectedError:
+                raise
+            except InferenceError as exc:
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise InferenceUnavailableError(
+                        f"inference failed after {attempt} attempts; last: {exc}"
+                    ) from exc
+                delay = min(10.0, self.retry_backoff_s * 2 ** (attempt - 1))
+                logger.warning("inference attempt %d failed (%s); retrying", attempt, exc)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            finally:
+                self._slot_freed.set()
+
+    # ---- OpenAI-style calls -------------------------------------------------------------
+
+    def _chunks(self, n: int) -> list[int]:
+        sizes = [self.max_n_completions] * (n // self.max_n_completions)
+        return sizes + ([n % self.max_n_completions] if n % self.max_n_completions else [])
+
+    async def _fan_out(self, kind: str, kwargs: dict[str, Any]) -> Any:
+        split = "eval" if kwargs.get("split", "train") != "train" else "train"
+        n = int(kwargs.get("n") or 1)
+
+        async def one(server: APIServer, chunk: int) -> Any:
+            method = server.chat_completion if kind == "chat" else server.completion
+            if not server.config.n_kwarg_is_ignored or chunk == 1:
+                return await method(**{**kwargs, "n": chunk, "split": split})
+            parts = await asyncio.gather(
+                *(method(**{**kwargs, "n": 1, "split": split}) for _ in range(chunk))
+            )
+            return merge_choices(list(parts))
+
+        def op(chunk: int) -> Callable[[APIServer], Awaitable[Any]]:
+            return lambda server: one(server, chunk)
+
+        results = await asyncio.gather(*(self._call(split, op(c)) for c in self._chunks(n)))
+        return merge_choices(list(results))
+
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        """``/chat/completions`` with OpenAI kwargs; ``split="eval"`` uses eval capacity."""
+        return await self._fan_out("chat", kwargs)
+
+    async def completion(self, **kwargs: Any) -> Completion:
+        """``/completions`` with OpenAI kwargs; ``split="eval"`` uses eval capacity."""
+        return await self._fan_out("completion", kwargs)
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        """Token-in/token-out sampling on a server that returns token ids and logprobs."""
+        pool = [s for s in self.servers if s.supports_token_ids]
+        if not pool:
+            raise ConfigError(
+                "managed_server() needs token ids: set server_type to vllm, sglang or embedded "
+                f"(configured: {sorted({s.config.server_type for s in self.servers})})"
+            )
+        split = "eval" if sampling.get("split", "train") != "train" else "train"
+
+        def op(chunk: int) -> Callable[[APIServer], Awaitable[list[GeneratedSequence]]]:
+            return lambda server: server.generate(input_ids, chunk, sampling)
+
+        results = await asyncio.gather(*(self._call(split, op(c), pool) for c in self._chunks(n)))
+        return [sequence for chunk in results for sequence in chunk]
+
+    @asynccontextmanager
+    async def managed_server(self, tokenizer: Any = None) -> AsyncIterator[ManagedServer]:
+        """Tracks token ids, prompt masks and logprobs of every completion made inside."""
+        managed = ManagedServer(self, tokenizer=tokenizer or self._default_tokenizer())
+        try:
+            yield managed
+        finally:
+            managed.reset()
+
+    def _default_tokenizer(self) -> Any:
+        name = self.servers[0].config.tokenizer_name
+        if not name:
+            raise ConfigError("managed_server() needs a tokenizer: pass tokenizer=self.tokenizer")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+
+    # ---- bookkeeping --------------------------------------------------------------------
+
+    async def update_weight(self, weight: float) -> None:
+        for server in self.servers:
+            await server.update_weight(weight)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for index, server in enumerate(self.servers):
+            out.update(server.metrics(f"server_{index}"))
+        return out
+
+    async def close(self) -> None:
+        for probe in list(self._probes):
+            probe.cancel()
+        for server in self.servers:
+            await server.close()
+
+
+def merge_choices(responses: list[Any]) -> Any:
+    """One response whose choices are those of every response, re-indexed 0..n-1."""
+    merged = responses[0]
+    choices = [choice for response in responses for choice in response.choices]
+    for index, choice in enumerate(choices):
+        choice.index = index
+    merged.choices = choices
+    return merged

@@ -1,0 +1,58 @@
+"""vLLM backend: token ids via its OpenAI completions endpoint with a token-id prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
+from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.errors import InferenceError
+
+_TOKEN_PREFIX = "token_id:"
+
+
+def parse_vllm_choice(choice: Any) -> GeneratedSequence:
+    """One ``/v1/completions`` choice requested with ``logprobs=0`` and token ids as tokens."""
+    try:
+        logprobs = choice["logprobs"]
+        values = [float(v) for v in logprobs["token_logprobs"]]
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = [int(str(t).removeprefix(_TOKEN_PREFIX)) for t in logprobs["tokens"]]
+        reason = choice.get("finish_reason") or "stop"
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InferenceError(f"vLLM completion choice is malformed: {str(choice)[:200]}") from exc
+    if len(ids) != len(values):
+        raise InferenceError(f"vLLM returned {len(ids)} tokens but {len(values)} logprobs")
+    return GeneratedSequence([int(i) for i in ids], values, str(reason), choice.get("text"))
+
+
+class VLLMServer(OpenAIServer):
+    """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned."""
+
+    supports_token_ids = True
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        split = str(sampling.get("split", "train"))
+        kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
+        if "max_new_tokens" in sampling:
+            kwargs.setdefault("max_tokens", sampling["max_new_tokens"])
+        body = request_body(self.config.model_name, kwargs)
+        body.update(
+            prompt=input_ids,
+            n=n,
+            logprobs=0,
+            return_tokens_as_token_ids=True,
+            return_token_ids=True,
+        )
+        return await self.timed(split, self._generate(body, n))
+
+    async def _generate(self, body: dict[str, Any], n: int) -> list[GeneratedSequence]:
+        data = await self.post_json(f"{self.base_url}/completions", body)
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or len(choices) != n:
+            raise InferenceError(f"vLLM returned {len(choices or [])} choices, asked for {n}")
+        ordered = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+        return [parse_vllm_choice(choice) for choice in ordered]

@@ -1,0 +1,199 @@
+"""One settings model per command, built from the env's config class.
+
+Sources, highest first: CLI flags, environment variables (``ATROPOS_ENV__GROUP_SIZE``),
+the YAML file named by ``--config``, then ``config_init()`` (plus the command's defaults).
+``openai`` may be one server (flags ``--openai.<field>``) or, in YAML, a list of servers;
+flags and variables for ``openai`` then apply to every server in the list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, create_model
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources import CliSuppress
+
+from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
+from atroposlib.errors import ConfigError
+
+ENV_PREFIX = "ATROPOS_"
+
+
+class EnvCliSettings(BaseSettings):
+    """Fields every command shares; ``env`` is replaced by the env's own config class."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", cli_implicit_flags=True
+    )
+
+    env: BaseEnvConfig = Field(default_factory=BaseEnvConfig, description="Environment settings.")
+    openai: APIServerConfig | None = Field(
+        default=None, description="One inference server (a list of servers: use --config YAML)."
+    )
+    servers: CliSuppress[list[APIServerConfig] | None] = Field(default=None, exclude=True)
+    slurm: bool = Field(default=False, description="Discover inference servers from SLURM.")
+    testing: bool = Field(default=False, description="Canned local answers, no inference server.")
+    config: str | None = Field(default=None, description="YAML file with env: and openai: keys.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def settings_model(env_config_cls: type[BaseEnvConfig], command: str) -> type[EnvCliSettings]:
+    return create_model(
+        f"{command.capitalize()}Settings",
+        __base__=EnvCliSettings,
+        env=(env_config_cls, Field(default_factory=env_config_cls, description="Env settings.")),
+    )
+
+
+def _dump_servers(servers: ServerBaseline | list[APIServerConfig]) -> Any:
+    if isinstance(servers, list):
+        dumped = [s.model_dump() for s in servers]
+        return dumped[0] if len(dumped) == 1 else dumped
+    if isinstance(servers, APIServerConfig):
+        return servers.model_dump()
+    return None
+
+
+def _overlay_openai(current: Any, update: Any, baseline: ServerBaseline | None) -> Any:
+    if update is None:
+        return current
+    if isinstance(update, list):
+        return update
+    if not isinstance(update, dict):
+        raise ConfigError(f"openai must be a mapping or a list of mappings, got {update!r}")
+    if isinstance(current, list):
+        return [{**server, **update} for server in current]
+    base = current if current is not None else (baseline.model_dump() if baseline else {})
+    return {**base, **update}
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config: file {path} does not exist")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: {path} must hold a mapping with env: and openai: keys")
+    unknown = set(data) - {"env", "openai", "slurm", "testing"}
+    if unknown:
+        raise ConfigError(f"--config: unknown top-level keys {sorted(unknown)} in {path}")
+    return data
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def bool_flags(model: type[EnvCliSettings]) -> set[str]:
+    """``--env.use_wandb``, ``--slurm``...: every boolean flag of the settings model."""
+    flags = {f"--{name}" for name, info in model.model_fields.items() if info.annotation is bool}
+    for prefix in ("env", "openai"):
+        annotation = model.model_fields[prefix].annotation
+        sub_model = next(
+            (
+                a
+                for a in getattr(annotation, "__args__", (annotation,))
+                if hasattr(a, "model_fields")
+            ),
+            None,
+        )
+        if sub_model is not None:
+            flags |= {
+                f"--{prefix}.{name}"
+                for name, info in sub_model.model_fields.items()
+                if info.annotation is bool
+            }
+    return flags
+
+
+def normalize_bool_flags(argv: list[str], flags: set[str]) -> list[str]:
+    """Accept Atropos-style ``--flag False`` / ``--flag=true`` as well as ``--flag``/``--no-flag``.
+
+    >>> flags = {"--slurm", "--testing"}
+    >>> normalize_bool_flags(["--slurm", "False", "--testing=true", "--x", "1"], flags)
+    ['--no-slurm', '--testing', '--x', '1']
+    """
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        name, sep, value = arg.partition("=")
+        if name in flags:
+            if not sep and index + 1 < len(argv) and argv[index + 1].lower() in _TRUE | _FALSE:
+                value, sep = argv[index + 1], "="
+                index += 1
+            if sep and value.lower() in _FALSE:
+                arg = "--no-" + name[2:]
+            elif sep and value.lower() in _TRUE:
+                arg = name
+        out.append(arg)
+        index += 1
+    return out
+
+
+def resolve_settings(
+    model: type[EnvCliSettings],
+    argv: list[str],
+    defaults: tuple[BaseEnvConfig, ServerBaseline | list[APIServerConfig]],
+    command_defaults: dict[str, Any],
+    environ: dict[str, str] | None = None,
+) -> EnvCliSettings:
+    """Merge the four sources and validate once (pydantic raises on any bad value)."""
+    cli = CliSettingsSource(
+        model,
+        cli_parse_args=normalize_bool_flags(argv, bool_flags(model)),
+        cli_exit_on_error=False,
+        cli_implicit_flags=True,
+        cli_prog_name=f"{Path(__import__('sys').argv[0]).name} {model.__name__[:-8].lower()}",
+    )()
+    env_source = EnvSettingsSource(
+        model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
+    )
+    if environ is not None:
+        env_source.env_vars = {k.lower(): v for k, v in environ.items()}
+    from_env = env_source()
+    config_path = cli.get("config") or from_env.get("config")
+    from_yaml = _read_yaml(config_path) if config_path else {}
+
+    env_config, servers = defaults
+    baseline = servers if isinstance(servers, ServerBaseline) else None
+    merged_env: dict[str, Any] = env_config.model_dump()
+    for key, value in command_defaults.items():
+        if key not in env_config.model_fields_set or key == "use_wandb":
+            merged_env[key] = value
+    openai: Any = _dump_servers(servers)
+    flags: dict[str, Any] = {}
+    known = set(type(env_config).model_fields)
+    for source, layer in (("--config", from_yaml), ("environment", from_env), ("CLI", cli)):
+        unknown = set(layer.get("env") or {}) - known
+        if unknown:
+            raise ConfigError(f"{source}: unknown env setting(s) {sorted(unknown)}")
+        merged_env.update(layer.get("env") or {})
+        openai = _overlay_openai(openai, layer.get("openai"), baseline)
+        flags.update({k: layer[k] for k in ("slurm", "testing") if k in layer})
+    values: dict[str, Any] = {"env": merged_env, "config": config_path, **flags}
+    if isinstance(openai, list):
+        values["servers"] = openai
+    elif openai is not None:
+        values["openai"] = openai
+    return model(**values)

@@ -1,0 +1,164 @@
+"""Start, watch and stop the processes of a local run (broker, inference, env, trainer).
+
+Each component runs in its own process group with its output in ``<run_dir>/logs/<name>.log``.
+``start`` returns once the component answers its health URL; ``stop_all`` ends components in
+reverse order (SIGTERM to the group, then SIGKILL), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from atroposlib.errors import AtroposError
+
+logger = logging.getLogger(__name__)
+
+
+class ComponentFailedError(AtroposError):
+    """A component exited or never became healthy; the message carries its log tail."""
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: Sequence[str]
+    health_url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 300.0
+
+
+@dataclass
+class _Running:
+    component: Component
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+class Supervisor:
+    """Owns the child processes of one run; use as a context manager."""
+
+    def __init__(self, run_dir: Path, *, http: httpx.Client | None = None) -> None:
+        self.log_dir = run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._http = http or httpx.Client(timeout=2.0)
+        self._running: list[_Running] = []
+
+    def start(self, component: Component) -> None:
+        log_path = self.log_dir / f"{component.name}.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop_all
+        process = subprocess.Popen(
+            list(component.argv),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **component.env},
+            start_new_session=True,
+        )
+        log_file.close()
+        running = _Running(component, process, log_path)
+        self._running.append(running)
+        logger.info("started %s (pid %d), log %s", component.name, process.pid, log_path)
+        if component.health_url:
+            self._wait_healthy(running)
+
+    def exited(self) -> list[tuple[str, int]]:
+        """Components that have exited, with their return codes."""
+        return [
+            (r.component.name, code)
+            for r in self._running
+            if (code := r.process.poll()) is not None
+        ]
+
+    def returncode(self, name: str) -> int | None:
+        return self._find(name).process.poll()
+
+    def wait(self, name: str, timeout_s: float | None = None) -> int:
+        return self._find(name).process.wait(timeout=timeout_s)
+
+    def pids(self) -> dict[str, int]:
+        return {r.component.name: r.process.pid for r in self._running}
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        return _tail(self._find(name).log_path, lines)
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        for running in reversed(self._running):
+            _stop(running.process, grace_s)
+        self._running.clear()
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop_all()
+        self._http.close()
+
+    def _find(self, name: str) -> _Running:
+        for running in self._running:
+            if running.component.name == name:
+                return running
+        raise KeyError(name)
+
+    def _wait_healthy(self, running: _Running) -> None:
+        component = running.component
+        assert component.health_url is not None
+        deadline = time.monotonic() + component.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = running.process.poll()
+            if code is not None:
+                raise ComponentFailedError(
+                    f"{component.name} exited with code {code} during start-up; "
+                    f"last lines of {running.log_path}:\n{_tail(running.log_path, 30)}"
+                )
+            try:
+                if self._http.get(component.health_url).status_code == 200:
+                    logger.info("%s is healthy", component.name)
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise ComponentFailedError(
+            f"{component.name} did not answer {component.health_url} within "
+            f"{component.startup_timeout_s:.0f} s; last lines of {running.log_path}:\n"
+            f"{_tail(running.log_path, 30)}"
+        )
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("pid %d ignored SIGTERM for %.0f s; killing it", process.pid, grace_s)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        process.wait()
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 16_384))
+            text = handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

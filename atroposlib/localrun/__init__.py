@@ -1,0 +1,1 @@
+"""atroposlib.localrun: the one-command local RL loop (atropos-local)."""

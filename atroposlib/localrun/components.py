@@ -1,0 +1,118 @@
+"""The command lines of a local run's processes, all on loopback ports chosen at start."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from atroposlib.launcher import Component
+from atroposlib.localrun.settings import LocalRunSettings
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a run's parts listen and write."""
+
+    run_dir: Path
+    model: str
+    broker_port: int
+    inference_port: int
+
+    @property
+    def broker_url(self) -> str:
+        return f"http://127.0.0.1:{self.broker_port}"
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.inference_port}"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    @property
+    def rollouts_file(self) -> Path:
+        return self.run_dir / "rollouts.jsonl"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def broker(layout: RunLayout) -> Component:
+    return Component(
+        "broker",
+        [sys.executable, "-m", "atroposlib.api", "--port", str(layout.broker_port),
+         "--store", f"sqlite:{layout.run_dir / 'broker.sqlite3'}"],
+        health_url=f"{layout.broker_url}/health",
+    )  # fmt: skip
+
+
+def inference(layout: RunLayout, settings: LocalRunSettings) -> Component:
+    return Component(
+        "inference",
+        [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
+         "--port", str(layout.inference_port), "--max-batch-size", str(settings.group_size * 2)],
+        health_url=f"{layout.inference_url}/health",
+        startup_timeout_s=settings.startup_timeout_s,
+    )  # fmt: skip
+
+
+def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
+    return Component(
+        "trainer",
+        [sys.executable, "-m", "example_trainer.train",
+         "--model", layout.model,
+         "--broker_url", layout.broker_url,
+         "--batch_size", str(settings.batch_size),
+         "--max_token_len", str(settings.max_token_len),
+         "--num_steps", str(settings.steps),
+         "--lr", str(settings.lr),
+         "--seed", str(settings.seed),
+         "--save_dir", str(layout.checkpoints),
+         "--save_interval", str(max(1, settings.steps // 4)),
+         "--weight_sync", "disk",
+         "--inference_urls", f'["{layout.inference_url}"]',
+         "--metrics_file", str(layout.metrics_file),
+         *settings.trainer_args],
+    )  # fmt: skip
+
+
+def environment(layout: RunLayout, settings: LocalRunSettings, mode: str = "serve") -> Component:
+    argv = [
+        sys.executable, str(settings.env_script), mode,
+        "--config", str(settings.env_config),
+        "--openai.base_url", f"{layout.inference_url}/v1",
+        "--openai.model_name", "default",
+        "--env.tokenizer_name", layout.model,
+        "--env.max_token_length", str(settings.max_token_len),
+    ]  # fmt: skip
+    if mode == "serve":
+        argv += [
+            "--env.rollout_server_url", layout.broker_url,
+            "--env.group_size", str(settings.group_size),
+            "--env.total_steps", str(settings.steps),
+            "--env.data_path_to_save_groups", str(layout.rollouts_file),
+            "--env.include_messages", "true",
+            *settings.env_args,
+        ]  # fmt: skip
+    return Component(f"env-{mode}", argv)
+
+
+def evaluation(layout: RunLayout, settings: LocalRunSettings, label: str) -> Component:
+    """``env.py evaluate``: greedy answers to held-out problems, written to eval_<label>/."""
+    component = environment(layout, settings, mode="evaluate")
+    argv = [
+        *component.argv,
+        "--env.eval_size", str(settings.eval_size),
+        "--env.data_dir_to_save_evals", str(layout.run_dir / f"eval_{label}"),
+    ]  # fmt: skip
+    return Component(f"eval-{label}", argv)

@@ -1,0 +1,59 @@
+"""Settings of ``atropos-local``: one RL run on this machine, sized for a 2-core CPU by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class LocalRunSettings(BaseSettings):
+    """Broker, embedded inference server, one environment and the GRPO trainer, as processes."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ATROPOS_LOCAL_",
+        cli_prog_name="atropos-local",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    run_dir: Path | None = Field(
+        default=None, description="Run folder (default: runs/local-<date>-<time>)."
+    )
+    model: str | None = Field(
+        default=None,
+        description="Model folder to train (default: the offline SmolLM2-135M-Instruct).",
+    )
+    env_script: Path = Field(
+        default=REPO_ROOT / "environments" / "reasoning_gym" / "env.py",
+        description="Environment script started as `python <script> serve`.",
+    )
+    env_config: Path = Field(
+        default=REPO_ROOT / "configs" / "local-cpu-env.yaml",
+        description="YAML config of the environment (its `env:` section).",
+    )
+    steps: int = Field(default=40, gt=0, description="Trainer optimizer steps.")
+    batch_size: int = Field(default=16, gt=0, description="Sequences per trainer step.")
+    group_size: int = Field(default=8, gt=1, description="Completions per prompt.")
+    max_token_len: int = Field(default=256, gt=16, description="Longest trained sequence.")
+    lr: float = Field(default=2e-5, gt=0, description="Trainer learning rate.")
+    eval_size: int = Field(
+        default=100,
+        ge=0,
+        description="Held-out problems scored greedily before and after training (0: skip).",
+    )
+    seed: int = Field(default=0, description="Seed of the trainer.")
+    startup_timeout_s: float = Field(
+        default=600.0, gt=0, description="How long each component may take to become healthy."
+    )
+    trainer_args: list[str] = Field(
+        default_factory=list, description="Extra flags for the trainer (atropos-grpo)."
+    )
+    env_args: list[str] = Field(
+        default_factory=list, description="Extra flags for the environment's serve command."
+    )
+    panel: bool = Field(default=True, description="Show the live terminal panel.")

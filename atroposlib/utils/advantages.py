@@ -1,0 +1,130 @@
+"""Group-relative advantage helpers for environments that set advantages themselves."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def group_relative_advantages(
+    scores: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """GRPO advantages: ``(score - mean)``, divided by the group's std when ``normalize_std``.
+
+    >>> [round(a, 4) for a in group_relative_advantages([1.0, 0.0, 1.0, 0.0])]
+    [1.0, -1.0, 1.0, -1.0]
+    >>> group_relative_advantages([2.0, 2.0])
+    [0.0, 0.0]
+    """
+    if not scores:
+        return []
+    mean = sum(scores) / len(scores)
+    centred = [s - mean for s in scores]
+    if not normalize_std:
+        return centred
+    std = math.sqrt(sum(c * c for c in centred) / len(centred))
+    return [c / (std + eps) if std > eps else 0.0 for c in centred]
+
+
+def token_level_advantages(
+    advantages: Sequence[float], masks: Sequence[Sequence[int]]
+) -> list[list[float]]:
+    """Spread one advantage per sequence over its trained positions (0.0 where masked).
+
+    >>> token_level_advantages([0.5, -0.5], [[-100, 7], [-100, -100, 9]])
+    [[0.0, 0.5], [0.0, 0.0, -0.5]]
+    """
+    return [
+        [value if m != -100 else 0.0 for m in mask]
+        for value, mask in zip(advantages, masks, strict=True)
+    ]
+
+
+def discounted_returns(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
+    """Per-step returns of a multi-step episode.
+
+    >>> discounted_returns([0.0, 0.0, 1.0], gamma=0.5)
+    [0.25, 0.5, 1.0]
+    """
+    out: list[float] = []
+    running = 0.0
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        out.append(running)
+    return out[::-1]
+
+
+# ---- the Atropos 0.4 helpers, same names and behaviour --------------------------------
+
+
+def allclose_to_first(
+    values: Any,
+    rtol: float = 1e-05,
+    atol: float = 1e-08,
+    equal_nan: bool = False,
+    return_vector: bool = False,
+) -> bool | np.ndarray:
+    """Whether every entry of ``values`` is close to ``values[0]`` (or one bool per entry).
+
+    >>> allclose_to_first([[1.0, 2.0], [1.0, 2.0 + 1e-9]]), allclose_to_first([1, 1, 2])
+    (True, False)
+    >>> allclose_to_first([1, 1, 2], return_vector=True).tolist()
+    [True, True, False]
+    """
+    array = np.asarray(values)
+    close = np.isclose(array, array[0], rtol=rtol, atol=atol, equal_nan=equal_nan)
+    per_entry = close.reshape(close.shape[0], -1).all(axis=1)
+    return per_entry if return_vector else bool(per_entry.all())
+
+
+def _flatten(data: Any) -> list[float]:
+    if isinstance(data, int | float):
+        return [float(data)]
+    if isinstance(data, list | tuple | np.ndarray):
+        return [value for element in data for value in _flatten(element)]
+    raise ValueError(f"Invalid element type encountered: {type(data)}")
+
+
+def compute_stats(data: Sequence[Any]) -> dict[str, float]:
+    """Mean and (population) variance of a possibly jagged nested list.
+
+    >>> {k: round(v, 4) for k, v in compute_stats([[1, 2], [3]]).items()}
+    {'mean': 2.0, 'var': 0.6667}
+    """
+    flat = _flatten(list(data))
+    if not flat:
+        raise ValueError("No numerical elements found in the input data.")
+    mean = sum(flat) / len(flat)
+    return {"mean": mean, "var": sum(v * v for v in flat) / len(flat) - mean * mean}
+
+
+def compute_discounted_returns(rewards: Any, gamma: float) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}`` for a 1-D vector of rewards.
+
+    >>> compute_discounted_returns([0.0, 0.0, 1.0], 0.5).tolist()
+    [0.25, 0.5, 1.0]
+    """
+    array = rewards if isinstance(rewards, np.ndarray) else np.asarray(rewards, dtype=np.float32)
+    return np.asarray(discounted_returns(array.tolist(), gamma), dtype=array.dtype)
+
+
+def compute_grpo_process_supervision_advantages(
+    rewards: Sequence[Sequence[float]], gamma: float | None = None, std_tol: float = 1e-8
+) -> list[np.ndarray]:
+    """Per-step advantages: rewards normalised over the whole group, then summed to the end
+    of each trajectory (discounted by ``gamma`` when given).
+
+    >>> [a.round(3).tolist() for a in compute_grpo_process_supervision_advantages([[1, 0], [0]])]
+    [[0.707, -0.707], [-0.707]]
+    """
+    stats = compute_stats(rewards)
+    std = stats["var"] ** 0.5
+    if std < std_tol:
+        raise ValueError(f"`std` is smaller than tolerance of {std_tol}.")
+    normalised = [(np.asarray(steps, dtype=float) - stats["mean"]) / std for steps in rewards]
+    if gamma is None:
+        return [np.cumsum(steps[::-1])[::-1] for steps in normalised]
+    return [compute_discounted_returns(steps, gamma) for steps in normalised]

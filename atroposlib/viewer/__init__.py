@@ -1,0 +1,1 @@
+"""The ``view-run`` browser: scored groups with per-token colouring (Gradio app)."""

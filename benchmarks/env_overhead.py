@@ -1,0 +1,160 @@
+"""Env framework overhead: groups/s and CPU seconds per group, ours vs atroposlib 0.4.0.
+
+Both run ``benchmarks/trivial_env.py`` (one source, trivial scoring) against the same instant
+fake inference server (``tests/envs/fake_openai.py``) and a real broker
+(``python -m atroposlib.api --store memory``); a trainer loop here pulls batches as fast as
+they form. The measured window skips the first batches (start-up, tokenizer load) and counts
+the env process's CPU time (user + system) and wall time over the next ones.
+
+    python benchmarks/env_overhead.py [--batches 30] [--warmup 5]
+
+atroposlib 0.4.0 must be installed in ``benchmarks/.venv-atropos-env``:
+    python3.11 -m venv benchmarks/.venv-atropos-env
+    benchmarks/.venv-atropos-env/bin/pip install atroposlib==0.4.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+ATROPOS_PYTHON = ROOT / "benchmarks/.venv-atropos-env/bin/python"
+BATCH_SIZE = 64
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_up(url: str) -> None:
+    for _ in range(300):
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def tokenizer_folder() -> str:
+    try:
+        sys.path.insert(0, str(ROOT))
+        from atroposlib.utils.test_model import ensure_test_model
+
+        return str(ensure_test_model())
+    except ImportError:
+        return str(Path.home() / ".cache/atroposlib/models/SmolLM2-135M-Instruct")
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def run_one(
+    label: str, python: str, pythonpath: str | None, batches: int, warmup: int
+) -> dict[str, float]:
+    logs = ROOT / "benchmarks" / "logs"
+    logs.mkdir(exist_ok=True)
+    infer_port, broker_port = free_port(), free_port()
+    base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    ours = {**base_env, "PYTHONPATH": str(ROOT)}
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/envs/fake_openai.py"), "--port", str(infer_port)],
+            env=ours, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "atroposlib.api", "--port", str(broker_port),
+             "--store", "memory", "--log-level", "warning"],
+            env=ours, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+    ]  # fmt: skip
+    broker = f"http://127.0.0.1:{broker_port}"
+    try:
+        wait_up(f"http://127.0.0.1:{infer_port}/control")
+        wait_up(broker + "/")
+        trainer = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": BATCH_SIZE,
+                   "max_token_len": 512, "checkpoint_dir": "", "save_checkpoint_interval": 0,
+                   "starting_step": 0, "num_steps": 100000}  # fmt: skip
+        httpx.post(broker + "/register", json=trainer).raise_for_status()
+        httpx.get(broker + "/batch")
+        env_vars = {
+            **base_env,
+            "BENCH_BROKER": broker,
+            "BENCH_INFERENCE": f"http://127.0.0.1:{infer_port}/v1",
+            "BENCH_TOKENIZER": tokenizer_folder(),
+        }
+        if pythonpath:
+            env_vars["PYTHONPATH"] = pythonpath
+        else:
+            env_vars.pop("PYTHONPATH", None)
+        with (logs / f"{label}.log").open("wb") as log:
+            env = subprocess.Popen(
+                [python, str(ROOT / "benchmarks/trivial_env.py"), "serve"],
+                env=env_vars, stdout=log, stderr=subprocess.STDOUT, cwd=logs,
+            )  # fmt: skip
+        children.append(env)
+        process = psutil.Process(env.pid)
+        pulled, groups = 0, 0
+        started_wall = started_cpu = 0.0
+        with httpx.Client(base_url=broker, timeout=30) as client:
+            while pulled < warmup + batches:
+                if env.poll() is not None:
+                    raise RuntimeError(f"{label} env exited; see benchmarks/logs/{label}.log")
+                batch = client.get("/batch").json()["batch"]
+                if not batch:
+                    time.sleep(0.01)
+                    continue
+                pulled += 1
+                if pulled == warmup:
+                    started_wall, started_cpu = time.perf_counter(), cpu_seconds(process)
+                elif pulled > warmup:
+                    groups += len(batch)
+        wall = time.perf_counter() - started_wall
+        cpu = cpu_seconds(process) - started_cpu
+        return {"groups": groups, "wall_s": wall, "cpu_s": cpu}
+    finally:
+        for child in reversed(children):
+            child.kill()
+            child.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=30, help="measured batches (64 seqs)")
+    parser.add_argument("--warmup", type=int, default=5, help="batches skipped first")
+    args = parser.parse_args()
+    if not ATROPOS_PYTHON.exists():
+        raise SystemExit(f"missing {ATROPOS_PYTHON}: see this file's docstring")
+    results = {
+        "atroposlib 0.4.0": run_one(
+            "atropos-0.4.0", str(ATROPOS_PYTHON), None, args.batches, args.warmup
+        ),
+        "ours": run_one("ours", sys.executable, str(ROOT), args.batches, args.warmup),
+    }
+    print(f"{'':18} {'groups':>7} {'groups/s':>9} {'CPU s/group':>12} {'groups/CPU s':>13}")
+    for label, r in results.items():
+        print(
+            f"{label:18} {r['groups']:7d} {r['groups'] / r['wall_s']:9.1f} "
+            f"{r['cpu_s'] / r['groups']:12.5f} {r['groups'] / r['cpu_s']:13.1f}"
+        )
+    base, ours = results["atroposlib 0.4.0"], results["ours"]
+    speed = (ours["groups"] / ours["wall_s"]) / (base["groups"] / base["wall_s"])
+    efficiency = (ours["groups"] / ours["cpu_s"]) / (base["groups"] / base["cpu_s"])
+    print(f"ratio ours/0.4.0: groups/s x{speed:.2f}, groups per CPU second x{efficiency:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The broker state machine as plain calls: batches, acks, re-delivery, staleness, restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from broker_testlib import env_body, make_group, markers, trainer_body
+
+from atroposlib.api.broker import Broker
+from atroposlib.api.settings import BrokerSettings
+from atroposlib.api.store import GroupStore, MemoryStore, SqliteStore
+from atroposlib.errors import ConfigError
+from atroposlib.protocol import EnvRegistration, TrainerRegistration
+
+
+def trainer(**overrides: Any) -> TrainerRegistration:
+    return TrainerRegistration.model_validate(trainer_body(**overrides))
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GroupStore]:
+    opened = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "b.sqlite3")
+    yield opened
+    opened.close()
+
+
+def make_broker(store: GroupStore, **settings: Any) -> Broker:
+    return Broker(store, BrokerSettings(store="memory", **settings))
+
+
+def batch_markers(broker: Broker) -> tuple[int, list[int]] | None:
+    formed = broker.next_batch()
+    if formed is None:
+        return None
+    step, groups = formed
+    return step, markers(groups)
+
+
+def test_groups_before_registration_are_kept_and_checked_at_registration(
+    store: GroupStore,
+) -> None:
+    broker = make_broker(store)
+    broker.ingest([make_group(2, marker=10), make_group(8, marker=20), make_group(1, length=40)])
+    broker.ingest([make_group(2, marker=30)])
+    broker.register_trainer(trainer(batch_size=4, max_token_len=32))
+    assert broker.counters["dropped_group_too_large"] == 1
+    assert broker.counters["dropped_too_long"] == 1
+    assert batch_markers(broker) == (1, [10, 11, 30, 31])
+
+
+def test_steps_count_from_starting_step_and_oldest_first(store: GroupStore) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=2, starting_step=10))
+    broker.ingest([make_group(2, marker=m) for m in (100, 200, 300)])
+    assert batch_markers(broker) == (11, [100, 101])
+    assert batch_markers(broker) == (12, [200, 201])
+    assert broker.status().current_step == 12
+    assert batch_markers(broker) == (13, [300, 301])
+    assert broker.next_batch() is None
+
+
+def test_reregister_redelivers_unacked_batches_in_order(store: GroupStore) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=3, acknowledges=True))
+    broker.ingest([make_group(1, marker=m) for m in range(100, 115)])
+    delivered = [batch_markers(broker) for _ in range(4)]
+    broker.ack(1)
+    broker.register_trainer(trainer(batch_size=3, acknowledges=True, starting_step=2))
+    assert broker.status().current_step == 2
+    assert [batch_markers(broker) for _ in range(2)] == delivered[2:]
+    assert batch_markers(broker) == (5, [112, 113, 114])
+    broker.ack(5)
+    broker.register_trainer(trainer(batch_size=3, acknowledges=True, starting_step=5))
+    assert broker.next_batch() is None
+
+
+def test_trainer_that_never_acks_keeps_only_recent_batches(store: GroupStore) -> None:
+    broker = make_broker(store, retain_delivered_batches=2)
+    broker.register_trainer(trainer(batch_size=1))
+    broker.ingest([make_group(1, marker=m) for m in range(5)])
+    delivered = [batch_markers(broker) for _ in range(4)]
+    broker.register_trainer(trainer(batch_size=1, starting_step=1))
+    assert [batch_markers(broker) for _ in range(2)] == delivered[2:]
+    assert batch_markers(broker) == (5, [4])
+
+
+def test_stale_groups_are_dropped_and_counted(store: GroupStore) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=1, max_staleness=1, starting_step=3))
+    broker.ingest(
+        [
+            make_group(1, marker=1, policy_version=1),
+            make_group(1, marker=2, policy_version=2),
+            make_group(1, marker=3),
+        ]
+    )
+    assert batch_markers(broker) == (4, [2])
+    assert broker.counters["dropped_stale"] == 1
+    assert batch_markers(broker) == (5, [3])
+
+
+def test_everything_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "broker.sqlite3"
+    first = make_broker(SqliteStore(path))
+    first.register_trainer(trainer(batch_size=2, acknowledges=True, starting_step=7))
+    first.next_batch()
+    env = first.register_env(EnvRegistration.model_validate(env_body(min_batch_allocation=0.5)))
+    assert getattr(env, "env_id", None) == 0
+    first.ingest([make_group(2, marker=m, env_id=0, group_id=str(m)) for m in (10, 20, 30)])
+    assert batch_markers(first) == (8, [10, 11])
+    first.store.close()
+
+    second = make_broker(SqliteStore(path))
+    assert second.status().model_dump() == {"current_step": 8, "queue_size": 2}
+    assert second.latest_example()["tokens"][0][0] == 30
+    assert second.info().batch_size == 2
+    assert second.ingest([make_group(2, group_id="20")]).duplicates == 1
+    assert second.ingest([make_group(2, group_id="10")]).duplicates == 1
+    assert second.status_env(0).unallocated_fraction == 0.5
+    second.register_trainer(trainer(batch_size=2, acknowledges=True, starting_step=7))
+    assert batch_markers(second) == (8, [10, 11])
+    assert batch_markers(second) == (9, [20, 21])
+    second_env = second.register_env(EnvRegistration.model_validate(env_body()))
+    assert getattr(second_env, "wandb_name", None) == "gsm8k_1"
+    second.store.close()
+
+
+def test_reset_forgets_everything(store: GroupStore) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer())
+    broker.ingest([make_group(group_id="a")])
+    broker.reset()
+    assert broker.trainer is None and broker.status().queue_size == 0
+    assert broker.ingest([make_group(group_id="a")]).duplicates == 0
+
+
+def test_one_broker_per_sqlite_store(tmp_path: Path) -> None:
+    first = SqliteStore(tmp_path / "broker.sqlite3")
+    with pytest.raises(ConfigError, match="another broker"):
+        SqliteStore(tmp_path / "broker.sqlite3")
+    first.close()
+    SqliteStore(tmp_path / "broker.sqlite3").close()
+
+
+def test_recent_groups_are_bounded_by_count_and_bytes(
+    store: GroupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make_broker(store, recent_groups_kept=3)
+    broker.ingest([make_group(1, marker=m) for m in range(5)])
+    assert markers(broker.recent_groups(10)) == [2, 3, 4]
+    monkeypatch.setattr("atroposlib.api.broker.RECENT_BYTES", 1)
+    broker.ingest([make_group(1, marker=9)])
+    assert markers(broker.recent_groups(10)) == [9]
+    assert markers([broker.latest_example()]) == [9]
+
+
+def test_a_second_consumer_with_another_identity_does_not_rewind_the_trainer(
+    store: GroupStore,
+) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=2, starting_step=0, checkpoint_dir="run/ckpt"))
+    broker.ingest([make_group(2, marker=m) for m in (10, 20, 30)])
+    assert batch_markers(broker) == (1, [10, 11])
+    assert batch_markers(broker) == (2, [20, 21])
+
+    observer = trainer(batch_size=8, starting_step=0, checkpoint_dir="sft-export", wandb_group="x")
+    broker.register_trainer(observer)
+    assert broker.current_step == 2
+    assert broker.info().batch_size == 2
+    assert batch_markers(broker) == (3, [30, 31])
+
+    # the trainer itself resuming from step 1 rewinds: batches 2 and 3 come again, in order
+    broker.register_trainer(trainer(batch_size=2, starting_step=1, checkpoint_dir="run/ckpt"))
+    assert batch_markers(broker) == (2, [20, 21])
+    assert batch_markers(broker) == (3, [30, 31])

@@ -1,0 +1,138 @@
+"""A fake OpenAI-compatible inference server: ``python fake_openai.py --port N``.
+
+Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"``. ``/generate``
+answers in the SGLang shape. ``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500),
+``hang`` (never answers), ``garbage`` (200 with a body that is not a completion),
+``reject`` (404) or back to ``ok``; ``GET /control`` returns the mode and request counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+state: dict[str, Any] = {"mode": "ok", "requests": 0, "served": 0}
+app = FastAPI()
+
+
+async def _misbehave() -> Any:
+    state["requests"] += 1
+    if state["mode"] == "reject":
+        return JSONResponse({"detail": "model 'x' is not served here"}, status_code=404)
+    if state["mode"] == "fail":
+        return JSONResponse({"error": "boom"}, status_code=500)
+    if state["mode"] == "hang":
+        await asyncio.sleep(3600)
+    if state["mode"] == "garbage":
+        return PlainTextResponse("<html>definitely not json</html>")
+    state["served"] += 1
+    return None
+
+
+@app.post("/control")
+async def control(request: Request) -> dict[str, Any]:
+    body = await request.json()
+    state["mode"] = body["mode"]
+    if body.get("reset"):
+        state["requests"] = state["served"] = 0
+    return state
+
+
+@app.get("/control")
+async def read_control() -> dict[str, Any]:
+    return state
+
+
+@app.get("/v1/models")
+async def models() -> dict[str, Any]:
+    if state["mode"] in ("fail", "hang"):
+        return JSONResponse({"error": "down"}, status_code=503)  # type: ignore[return-value]
+    return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+
+@app.post("/v1/chat/completions")
+async def chat(request: Request) -> Any:
+    body = await request.json()
+    if (bad := await _misbehave()) is not None:
+        return bad
+    choices = [
+        {
+            "index": i,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": f"The answer is {i}"},
+        }
+        for i in range(int(body.get("n") or 1))
+    ]
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body["model"],
+        "choices": choices,
+    }
+
+
+@app.post("/v1/completions")
+async def completions(request: Request) -> Any:
+    body = await request.json()
+    if (bad := await _misbehave()) is not None:
+        return bad
+    choices: list[dict[str, Any]] = [
+        {"index": i, "finish_reason": "stop", "text": f" The answer is {i}"}
+        for i in range(int(body.get("n") or 1))
+    ]
+    if body.get("logprobs") is not None and isinstance(body.get("prompt"), list):
+        for i, choice in enumerate(choices):  # vLLM: token ids as "token_id:N"
+            ids = [300 + i, 301, 2]
+            choice["logprobs"] = {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [-0.25 * (j + 1) for j in range(len(ids))],
+            }
+    return {
+        "id": "x",
+        "object": "text_completion",
+        "created": 0,
+        "model": body["model"],
+        "choices": choices,
+    }
+
+
+@app.post("/generate")
+async def generate(request: Request) -> Any:
+    body = await request.json()
+    if (bad := await _misbehave()) is not None:
+        return bad
+    n = int(body["sampling_params"].get("n", 1))
+    prompts = body["input_ids"] if isinstance(body["input_ids"][0], list) else [body["input_ids"]]
+    out = []
+    for prompt in prompts:
+        for i in range(n):
+            ids = [100 + i, 200 + len(prompt) % 50, 2]
+            out.append(
+                {
+                    "text": f"gen {i}",
+                    "output_ids": ids,
+                    "meta_info": {
+                        "output_token_logprobs": [
+                            [-0.5 - 0.1 * j, t, None] for j, t in enumerate(ids)
+                        ],
+                        "finish_reason": {"type": "stop"},
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": len(ids),
+                        "weight_version": 0,
+                    },
+                }
+            )
+    return out[0] if len(out) == 1 else out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)

@@ -1,0 +1,28 @@
+"""The doctests of the env framework modules (rewards, validation, circuit breaker, ...)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "atroposlib.envs.groups",
+    "atroposlib.envs.stats",
+    "atroposlib.envs.reward_fns.registry",
+    "atroposlib.envs.reward_fns.builtin",
+    "atroposlib.envs.server_handling.circuit",
+    "atroposlib.envs.server_handling.slurm",
+    "atroposlib.envs.server_handling.sglang_server",
+    "atroposlib.envs.settings",
+    "atroposlib.utils.advantages",
+    "atroposlib.utils.html_report",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no doctest"
+    assert result.failed == 0

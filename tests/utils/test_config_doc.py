@@ -1,0 +1,38 @@
+"""CONFIG.md lists every field of every settings model, and is regenerated from the code."""
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from atroposlib.utils import config_doc
+
+
+class _Example(BaseModel):
+    """Example settings."""
+
+    port: int = Field(default=8000, description="Port to listen on.")
+    store: str | None = Field(default=None, description="Where | groups live.")
+    mode: Literal["a", "b"] = "a"
+    tags: list[str] = Field(default_factory=list, description="Tags.")
+    name: str = Field(description="Required name.")
+
+
+def test_every_field_is_a_row_with_type_default_and_description() -> None:
+    text = config_doc.render_markdown([("Example", _Example, "--x.{name}")])
+    rows = [line for line in text.splitlines() if line.startswith("| `--x.")]
+    assert rows == [
+        "| `--x.port` | int | `8000` | Port to listen on. |",
+        "| `--x.store` | str \\| None | `None` | Where \\| groups live. |",
+        "| `--x.mode` | 'a' \\| 'b' | `'a'` |  |",
+        "| `--x.tags` | list[str] | `[]` | Tags. |",
+        "| `--x.name` | str | required | Required name. |",
+    ]
+    assert "## Example" in text and "Example settings." in text
+
+
+def test_committed_config_md_is_up_to_date() -> None:
+    expected = config_doc.render_markdown(config_doc.documented_sections())
+    committed = config_doc.config_md_path().read_text()
+    assert committed == expected, (
+        "CONFIG.md is out of date: run `python -m atroposlib.utils.config_doc > CONFIG.md`"
+    )
