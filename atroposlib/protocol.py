@@ -262,6 +262,8 @@ class OpenAISamplingFields(_Body):
     n: int = Field(default=1, ge=1, le=128, description="Choices to generate per prompt.")
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, description="vLLM extension; -1 or 0: off.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="vLLM extension; 0: off.")
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -382,6 +384,8 @@ class GenerateSamplingParams(_Body):
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, description="-1 or 0: off.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="0: off.")
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False

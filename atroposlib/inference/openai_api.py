@@ -130,6 +130,8 @@ def _params(body: OpenAISamplingFields, top_logprobs: int) -> SamplingParams:
     return SamplingParams(
         temperature=body.temperature,
         top_p=body.top_p,
+        top_k=max(body.top_k, 0),
+        min_p=body.min_p,
         stop=stop_strings(body.stop),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,

@@ -3,9 +3,10 @@
 The log-probability reported for a token is the log-probability under the distribution
 the token was actually drawn from:
 
-- ``temperature > 0``: ``log_softmax(logits / temperature)``; when ``top_p < 1`` the
-  tokens outside the nucleus are removed and the rest renormalised, so the reported value
-  is ``log(p_i / sum_{j in nucleus} p_j)``.
+- ``temperature > 0``: ``log_softmax(logits / temperature)``, then, in this order, each
+  enabled filter removes tokens and renormalises what is left: ``top_k`` (the k most
+  probable), ``top_p`` (the nucleus), ``min_p`` (tokens with ``p >= min_p * p_max``). With
+  ``top_p < 1`` alone the reported value is ``log(p_i / sum_{j in nucleus} p_j)``.
 - ``temperature == 0`` (greedy): the arg-max token, with ``log_softmax(logits)`` (T = 1)
   as its log-probability, as vLLM and SGLang report it.
 """
@@ -27,6 +28,8 @@ class SamplingParams:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -59,6 +62,19 @@ def nucleus_log_probs(log_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Ten
     return torch.where((top_p >= 1.0).unsqueeze(-1), log_probs, renormalised)
 
 
+def _renormalise(log_probs: torch.Tensor) -> torch.Tensor:
+    return log_probs - torch.logsumexp(log_probs, dim=-1, keepdim=True)
+
+
+def _keep_top_k(log_probs: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    """Keep each row's ``k`` most probable tokens (``k == 0``: the whole row)."""
+    k = torch.tensor(top_k, device=log_probs.device)
+    ordered = torch.topk(log_probs, k=int(k.max()), dim=-1).values  # (B, k_max)
+    kth = ordered.gather(-1, (k.clamp(min=1) - 1).unsqueeze(-1))  # (B, 1)
+    kth = torch.where((k > 0).unsqueeze(-1), kth, torch.full_like(kth, float("-inf")))
+    return _renormalise(log_probs.masked_fill(log_probs < kth, float("-inf")))
+
+
 def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -72,8 +88,16 @@ def sample_next(
     log_probs = torch.log_softmax(logits / scale, dim=-1)  # (B, V)
     top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     top_p = torch.where(greedy, torch.ones_like(top_p), top_p)
+    top_k = [p.top_k if p.temperature > 0 and 0 < p.top_k < logits.shape[-1] else 0 for p in params]
+    if any(top_k):
+        log_probs = _keep_top_k(log_probs, top_k)
     if bool((top_p < 1.0).any()):
         log_probs = nucleus_log_probs(log_probs, top_p)
+    min_p = [p.min_p if p.temperature > 0 else 0.0 for p in params]
+    if any(min_p):
+        floor = torch.tensor(min_p, device=logits.device).clamp(min=1e-30).log().unsqueeze(-1)
+        floor = floor + log_probs.max(dim=-1, keepdim=True).values
+        log_probs = _renormalise(log_probs.masked_fill(log_probs < floor, float("-inf")))
 
     chosen = torch.argmax(logits, dim=-1)  # (B,)
     probs = log_probs.exp()

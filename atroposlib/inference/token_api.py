@@ -40,6 +40,8 @@ async def generate(
     params = SamplingParams(
         temperature=sp.temperature,
         top_p=sp.top_p,
+        top_k=max(sp.top_k, 0),
+        min_p=sp.min_p,
         stop=stop_strings(sp.stop),
         stop_token_ids=tuple(sp.stop_token_ids or ()),
         ignore_eos=sp.ignore_eos,

@@ -75,3 +75,22 @@ def test_sampling_never_leaves_the_nucleus_and_top_logprobs_are_finite() -> None
         assert all(math.isfinite(lp) and lp >= NEG_INF_FLOOR for _, lp in top)
         assert math.exp(top[0][1]) + math.exp(top[1][1]) == pytest.approx(1.0, abs=1e-5)
     assert seen == {0, 1}
+
+
+def test_top_k_and_min_p_restrict_and_renormalise() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [3.0, 2.0, 1.0, 0.0]])
+    params = [
+        SamplingParams(temperature=1.0, top_k=2, top_logprobs=4),
+        SamplingParams(temperature=1.0, min_p=0.3, top_logprobs=4),
+    ]
+    generator = torch.Generator().manual_seed(0)
+    out = sample_next(logits, params, [generator, generator])
+    two = torch.log_softmax(logits[0, :2], -1)
+    assert out.top_logprobs[0][:2] == [
+        (0, pytest.approx(two[0].item())),
+        (1, pytest.approx(two[1].item())),
+    ]
+    assert out.top_logprobs[0][2][1] == NEG_INF_FLOOR
+    # p ~ [0.64, 0.24, 0.09, 0.03]: min_p 0.3 keeps tokens with p >= 0.19, i.e. the first two
+    assert out.top_logprobs[1][:2] == out.top_logprobs[0][:2]
+    assert out.token_ids[0] in (0, 1) and out.token_ids[1] in (0, 1)
