@@ -72,6 +72,15 @@ def solution_program(reply: str, problem: dict) -> str:
     return f"{problem['setup']}\n{code}"
 
 
+def solved(result: SandboxResult) -> bool:
+    return result.ok and all(result.tests_passed or [False])
+
+
+def problem_score(result: SandboxResult) -> float:
+    """Training reward: 1.0 every test passes, -0.5 the code does not compile, else 0.0."""
+    return -0.5 if result.status is SandboxStatus.SYNTAX_ERROR else float(solved(result))
+
+
 class CodeEvalEnv(BaseEnv):
     name = "code_eval"
     env_config_cls = CodeEvalConfig
@@ -116,12 +125,7 @@ class CodeEvalEnv(BaseEnv):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         replies = await self.sample(item, self.config.group_size, 1.0)
         results = await asyncio.gather(*(self.check(reply, item) for reply in replies))
-        scores = [
-            -0.5
-            if r.status is SandboxStatus.SYNTAX_ERROR
-            else float(r.ok and all(r.tests_passed or [False]))
-            for r in results
-        ]
+        scores = [problem_score(result) for result in results]
         chats = [[*self.prompt(item), {"role": "assistant", "content": r}] for r in replies]
         return chat_group(self.tokenizer, chats, scores), []
 
@@ -134,7 +138,7 @@ class CodeEvalEnv(BaseEnv):
             async with semaphore:
                 replies = await self.sample(problem, n, self.config.eval_temperature, split="eval")
                 results = [await self.check(reply, problem) for reply in replies]
-            passed = [r.ok and all(r.tests_passed or [False]) for r in results]
+            passed = [solved(result) for result in results]
             return {"task_id": problem["task_id"], "passed": passed, "response": replies[0],
                     "status": results[0].status.value}  # fmt: skip
 

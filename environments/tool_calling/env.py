@@ -38,6 +38,11 @@ def load_rows(data_path: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def system_prompt(row: dict) -> list[dict]:
+    tools = "\n".join(json.dumps(tool) for tool in row["tools"])
+    return [{"role": "system", "content": SYSTEM_PROMPT.format(tools=tools)}]
+
+
 class ToolCallingEnv(BaseEnv):
     name = "tool_calling"
     env_config_cls = ToolCallingConfig
@@ -65,8 +70,7 @@ class ToolCallingEnv(BaseEnv):
 
     async def episode(self, row: dict) -> tuple[list[dict], float]:
         """One rollout through every turn; returns the chat and its mean turn reward."""
-        tools = "\n".join(json.dumps(tool) for tool in row["tools"])
-        chat = [{"role": "system", "content": SYSTEM_PROMPT.format(tools=tools)}]
+        chat = system_prompt(row)
         rewards = []
         for turn in row["turns"]:
             chat.append({"role": "user", "content": turn["user"]})
@@ -100,9 +104,7 @@ class ToolCallingEnv(BaseEnv):
 
     async def single_turn(self, row: dict) -> ScoredDataGroup:
         turn = row["turns"][0]
-        tools = "\n".join(json.dumps(tool) for tool in row["tools"])
-        chat = [{"role": "system", "content": SYSTEM_PROMPT.format(tools=tools)},
-                {"role": "user", "content": turn["user"]}]  # fmt: skip
+        chat = [*system_prompt(row), {"role": "user", "content": turn["user"]}]
         completion = await self.server.chat_completion(
             messages=chat,
             n=self.config.group_size,
