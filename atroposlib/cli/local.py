@@ -28,7 +28,7 @@ from atroposlib.launcher import Component, ComponentFailedError, Supervisor
 from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.panel import StatusPoller, render
-from atroposlib.localrun.settings import LocalRunSettings
+from atroposlib.localrun.settings import LocalRunSettings, resolve
 
 console = Console(stderr=True)
 
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ValidationError) as err:
         console.print(f"error: {str(err).splitlines()[0]}")
         return 2
+    settings.env_script = resolve(settings.env_script)
+    settings.env_config = resolve(settings.env_config)
     if not settings.env_script.exists() or not settings.env_config.exists():
         console.print(f"error: {settings.env_script} or {settings.env_config} does not exist")
         return 2
