@@ -61,6 +61,7 @@ def inference(layout: RunLayout, settings: LocalRunSettings) -> Component:
         "inference",
         [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
          "--port", str(layout.inference_port), "--served-model-name", "default",
+         "--threads", str(settings.threads),
          "--max-batch-size", str(settings.group_size * 2)],
         health_url=f"{layout.inference_url}/health",
         startup_timeout_s=settings.startup_timeout_s,
@@ -84,6 +85,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
          *settings.trainer_args],
+        env={"OMP_NUM_THREADS": str(settings.threads)},
     )  # fmt: skip
 
 

@@ -48,6 +48,12 @@ class LocalRunSettings(BaseSettings):
         description="Held-out problems scored greedily before and after training (0: skip).",
     )
     seed: int = Field(default=0, description="Seed of the trainer.")
+    threads: int = Field(
+        default=1,
+        gt=0,
+        description="Torch threads of the inference server and of the trainer (on 2 cores, "
+        "more than 1 each makes both slower).",
+    )
     startup_timeout_s: float = Field(
         default=600.0, gt=0, description="How long each component may take to become healthy."
     )
