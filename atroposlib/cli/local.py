@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             console.print("interrupted: stopping every process")
             code = 130
-    _write_report(settings, layout, code)
+        pids = supervisor.pids()
+    _write_report(settings, layout, code, weight_version=poller.status.weight_version, pids=pids)
     return code
 
 
@@ -126,7 +127,14 @@ def _run_to_end(supervisor: Supervisor, component: Component) -> None:
         )
 
 
-def _write_report(settings: LocalRunSettings, layout: RunLayout, code: int) -> None:
+def _write_report(
+    settings: LocalRunSettings,
+    layout: RunLayout,
+    code: int,
+    *,
+    weight_version: int | None,
+    pids: dict[str, int],
+) -> None:
     env_config = yaml.safe_load(settings.env_config.read_text()) or {}
     format_weight = float((env_config.get("env") or {}).get("format_weight", 0.0))
     rows = report.rewards_by_step(layout.rollouts_file, format_weight)
@@ -134,7 +142,13 @@ def _write_report(settings: LocalRunSettings, layout: RunLayout, code: int) -> N
     if rows:
         report.plot_rewards(rows, layout.run_dir / "reward_curve.png")
     summary = report.write_summary(
-        layout.run_dir / "summary.json", rows, comparison, exit_code=code, steps=settings.steps
+        layout.run_dir / "summary.json",
+        rows,
+        comparison,
+        exit_code=code,
+        steps=settings.steps,
+        final_weight_version=weight_version,
+        pids=pids,
     )
     headline = {k: v for k, v in summary.items() if k != "rewards_by_step"}
     console.print(json.dumps(headline, indent=1))
