@@ -15,12 +15,12 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from atroposlib import codec
 from atroposlib.api.broker import Broker
+from atroposlib.api.compression import GzipAnswers
 from atroposlib.api.http import bearer_ok, encoded, read_body, read_model
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
@@ -116,11 +116,11 @@ def create_app(
         title="atroposlib broker",
         openapi_url="/openapi.json" if public_docs else None,
         lifespan=lifespan,
-        dependencies=[Depends(authorize)],
+        dependencies=[Depends(authorize)] if settings.api_key is not None else [],
         exception_handlers=_error_handlers(),
     )
     app.add_exception_handler(_UnauthorizedError, _unauthorized)
-    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=settings.gzip_level)
+    app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
