@@ -39,12 +39,13 @@ def manager_for(url: str) -> ServerManager:
 
 async def test_chat_completion_with_n_through_the_server_manager(vllm_url: str) -> None:
     manager = manager_for(vllm_url)
-    completion = await manager.chat_completion(
-        messages=[{"role": "user", "content": "What is 2+3?"}], n=3, max_tokens=16,
-        temperature=0.0,
-    )  # fmt: skip
-    assert len(completion.choices) == 3
-    assert "5" in (completion.choices[0].message.content or "")
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    sampled = await manager.chat_completion(messages=messages, n=3, max_tokens=16,
+                                            temperature=0.7)  # fmt: skip
+    assert len(sampled.choices) == 3
+    greedy = await manager.chat_completion(messages=messages, n=1, max_tokens=16,
+                                           temperature=0.0)  # fmt: skip
+    assert "5" in (greedy.choices[0].message.content or "")
 
 
 async def test_managed_mode_returns_the_sampled_tokens_and_their_logprobs(
