@@ -2,8 +2,8 @@
 # Functions shared by the sbatch scripts in slurm/ (sourced, not run). See SLURM.md.
 #
 # Every component is one `srun` step started in the background with job control on, so it
-# leads its own process group; `atropos_cleanup` (trapped on EXIT/INT/TERM) sends TERM to
-# each group, waits ATROPOS_STOP_GRACE seconds, then KILLs what is left.
+# leads its own process group. `atropos_cleanup` (trapped on EXIT) sends TERM to every step
+# (scancel --signal), waits ATROPOS_STOP_GRACE seconds, then kills the srun process groups.
 
 ATROPOS_PIDS=()
 ATROPOS_NAMES=()
@@ -79,18 +79,24 @@ atropos_cleanup() {
     local status=$? pid deadline
     trap - EXIT INT TERM
     atropos_log "stopping ${#ATROPOS_PIDS[@]} component(s)"
-    for pid in "${ATROPOS_PIDS[@]}"; do
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    done
+    # TERM to every step's tasks (srun itself answers TERM with an immediate SIGKILL of its
+    # tasks, so the polite signal goes through scancel), then wait for them to exit.
+    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || true
     deadline=$((SECONDS + ATROPOS_STOP_GRACE))
     for pid in "${ATROPOS_PIDS[@]}"; do
         while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
             sleep 1
         done
+    done
+    for pid in "${ATROPOS_PIDS[@]}"; do  # what is left: the whole process group of its srun
         if kill -0 "$pid" 2>/dev/null; then
-            atropos_log "$(atropos_name_of "$pid") ignored TERM; killing it"
-            kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+            atropos_log "$(atropos_name_of "$pid") still running after ${ATROPOS_STOP_GRACE}s; killing it"
+            kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
         fi
+    done
+    sleep 2
+    for pid in "${ATROPOS_PIDS[@]}"; do
+        kill -KILL -- "-$pid" 2>/dev/null || true
     done
     wait 2>/dev/null || true
     atropos_log "done (exit status $status); logs in $LOG_DIR"

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.cli import run_api
@@ -79,13 +80,34 @@ def validate_broker(path: Path) -> BrokerSettings:
     return run_api.parse_settings(broker_flags(path))
 
 
+def unknown_keys(model: type[BaseModel], data: dict[str, Any], prefix: str = "") -> list[str]:
+    """Keys of ``data`` that ``model`` has no field for, nested models included.
+
+    Nested pydantic models ignore extra keys by default, so a typo such as
+    ``loss.clip_eps_hi`` would pass the class itself silently.
+    """
+    found = []
+    for key, value in data.items():
+        info = model.model_fields.get(key)
+        if info is None:
+            found.append(prefix + key)
+        elif isinstance(value, dict):
+            nested = info.annotation
+            if isinstance(nested, type) and issubclass(nested, BaseModel):
+                found += unknown_keys(nested, value, f"{prefix}{key}.")
+    return found
+
+
 def validate_trainer(path: Path) -> Any:
     load_config = trainer_loader()
     if load_config is None:  # trainer not merged into this checkout yet
         data = yaml.safe_load(path.read_text())
         assert isinstance(data, dict) and data, f"{path}: expected a mapping of trainer settings"
         return data
-    return load_config(["--config", str(path), *TRAINER_URLS])
+    config = load_config(["--config", str(path), *TRAINER_URLS])
+    unknown = unknown_keys(type(config), yaml.safe_load(path.read_text()))
+    assert not unknown, f"{path}: unknown trainer settings {unknown}"
+    return config
 
 
 def validate_env(path: Path) -> Any:
@@ -165,5 +187,8 @@ def test_unknown_fields_are_rejected(tmp_path: Path, capsys: pytest.CaptureFixtu
 
         trainer = tmp_path / "trainer.yaml"
         trainer.write_text("batch_size: 8\nloss:\n  clip_eps_hi: 0.3\n")
-        with pytest.raises(ConfigError, match="clip_eps_hi"):
+        with pytest.raises(AssertionError, match=r"loss\.clip_eps_hi"):
+            validate_trainer(trainer)
+        trainer.write_text("batch_size: 8\nlearning_rate: 0.1\n")
+        with pytest.raises(ConfigError, match="learning_rate"):
             validate_trainer(trainer)
