@@ -12,7 +12,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from pydantic import BaseModel
@@ -106,6 +106,8 @@ def _default(info: FieldInfo) -> str:
     if info.default is PydanticUndefined:
         return "required"
     value = info.default.value if isinstance(info.default, enum.Enum) else info.default
+    if isinstance(value, PurePath):
+        value = str(value)
     return f"`{value!r}`"
 
 

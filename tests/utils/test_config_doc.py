@@ -1,5 +1,6 @@
 """CONFIG.md lists every field of every settings model, and is regenerated from the code."""
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -47,6 +48,7 @@ class _Outer(BaseModel):
     """Outer settings."""
 
     lr: float = Field(default=1e-6, description="Learning rate.")
+    save_dir: Path = Field(default=Path("ckpt"), description="Where.")
     loss: _Inner = Field(default_factory=_Inner, description="Loss options.")
 
 
@@ -55,6 +57,7 @@ def test_nested_models_become_dotted_flags() -> None:
     rows = [line for line in text.splitlines() if line.startswith("| `--")]
     assert rows == [
         "| `--lr` | float | `1e-06` | Learning rate. |",
+        "| `--save_dir` | Path | `'ckpt'` | Where. |",
         "| `--loss.clip_eps_high` | float | `0.2` | Upper clip. |",
         "| `--loss.enabled` | bool | `False` |  |",
     ]
