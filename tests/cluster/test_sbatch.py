@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,10 @@ echo $$ >"$FAKE_DIR/pids/$$"
 name=""
 for arg in "$@"; do [[ $arg == --job-name=* ]] && name=${arg#--job-name=}; done
 [[ -n ${FAKE_FAIL:-} && $name == "$FAKE_FAIL" ]] && exit 3
-if [[ $name == trainer ]]; then sleep 0.5; exit "${FAKE_TRAINER_STATUS:-0}"; fi
+if [[ $name == trainer && -z ${FAKE_TRAINER_HANGS:-} ]]; then
+    sleep 0.5
+    exit "${FAKE_TRAINER_STATUS:-0}"
+fi
 trap 'echo "$name" >>"$FAKE_DIR/terminated"; exit 0' TERM
 sleep 60 &
 wait
@@ -70,7 +75,7 @@ def value_after(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def run_job(tmp_path: Path, config: str, hosts: list[str], **env: str) -> Job:
+def start_job(tmp_path: Path, config: str, hosts: list[str], **env: str) -> subprocess.Popen[str]:
     root = tmp_path / "submit"
     (root / "slurm").mkdir(parents=True)
     for name in ("atropos.sbatch", "lib.sh"):
@@ -100,17 +105,26 @@ def run_job(tmp_path: Path, config: str, hosts: list[str], **env: str) -> Job:
         "ATROPOS_STOP_GRACE": "10",
         **env,
     }
-    result = subprocess.run(
+    return subprocess.Popen(
         ["bash", str(root / "slurm" / "atropos.sbatch"), f"configs/{config}"],
-        cwd=root, env=job_env, capture_output=True, text=True, timeout=120,
+        cwd=root, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+
+
+def finish_job(tmp_path: Path, process: subprocess.Popen[str]) -> Job:
+    output, _ = process.communicate(timeout=120)
+    fake_dir = tmp_path / "fake"
     launches = [
         path.read_bytes().decode().split("\0")[:-1]
         for path in sorted((fake_dir / "srun").iterdir(), key=lambda p: p.stat().st_mtime_ns)
     ]
     terminated_file = fake_dir / "terminated"
     terminated = terminated_file.read_text().split() if terminated_file.exists() else []
-    return Job(result.returncode, result.stdout + result.stderr, root, launches, terminated)
+    return Job(process.returncode, output, tmp_path / "submit", launches, terminated)
+
+
+def run_job(tmp_path: Path, config: str, hosts: list[str], **env: str) -> Job:
+    return finish_job(tmp_path, start_job(tmp_path, config, hosts, **env))
 
 
 def test_multi_node_places_broker_servers_trainer_and_envs(tmp_path: Path) -> None:
@@ -207,6 +221,25 @@ def test_bad_placement_settings_stop_the_job_with_a_reason(
     assert job.returncode != 0
     assert message in job.output
     assert not job.launched("trainer")
+
+
+def test_sigterm_to_the_batch_script_stops_every_component(tmp_path: Path) -> None:
+    """What happens at the time limit (--signal=B:TERM@120) or on scancel of the batch step."""
+    process = start_job(tmp_path, "slurm-cpu-trial", ["cpu1"], FAKE_TRAINER_HANGS="1")
+    commands = tmp_path / "submit" / "logs" / "77" / "commands.tsv"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if commands.exists() and "env-reasoning_gym" in commands.read_text():
+            break
+        time.sleep(0.2)
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    job = finish_job(tmp_path, process)
+    assert job.returncode == 143, job.output
+    assert sorted(job.terminated) == sorted(
+        ["broker", "env-reasoning_gym", "inference-cpu1-9000", "trainer"]
+    )
+    assert "stopping 4 component(s)" in job.output
 
 
 def test_scripts_pass_bash_n_and_shellcheck() -> None:
