@@ -11,6 +11,10 @@ class ConfigError(AtroposError):
     """A setting has a value that cannot work; the message names the setting and the fix."""
 
 
+class SandboxError(AtroposError):
+    """The code sandbox itself could not run (not the program inside it failing)."""
+
+
 class InvalidGroupError(AtroposError):
     """A scored group breaks the wire contract; ``field`` names the offending field."""
 

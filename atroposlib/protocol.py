@@ -246,3 +246,211 @@ class ErrorResponse(BaseModel):
     """Every 4xx/5xx answer: ``detail`` names the field and the fix."""
 
     detail: str | list[Any]
+
+
+# ---------------------------------------------------------------------------------------
+# Inference server (the embedded server; vLLM and SGLang answer the same shapes)
+# ---------------------------------------------------------------------------------------
+
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class OpenAISamplingFields(_Body):
+    """Settings shared by the OpenAI-style requests."""
+
+    model: str = Field(description="A served model name (see GET /v1/models).")
+    n: int = Field(default=1, ge=1, le=128, description="Choices to generate per prompt.")
+    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, description="vLLM extension; -1 or 0: off.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="vLLM extension; 0: off.")
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stop_token_ids: list[int] | None = Field(default=None, description="vLLM extension.")
+    ignore_eos: bool = Field(default=False, description="vLLM extension: run to max_tokens.")
+
+
+class CompletionRequest(OpenAISamplingFields):
+    """``POST /v1/completions``; ``prompt`` may be text or token ids, one or a list."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=20, description="Top logprobs per token.")
+    echo: bool = False
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: ChatRole
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(OpenAISamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = Field(default=None, description="Our extension: output ids.")
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = Field(default=None, description="Our extension: output ids.")
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = Field(default=None, description="Our extension.")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "atroposlib"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class GenerateSamplingParams(_Body):
+    """``sampling_params`` of SGLang's ``POST /generate``."""
+
+    max_new_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, description="-1 or 0: off.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="0: off.")
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1, le=128)
+    seed: int | None = Field(default=None, description="Also accepted as sampling_seed.")
+    sampling_seed: int | None = None
+
+
+class GenerateRequest(_Body):
+    """SGLang's token endpoint: ``input_ids`` for one prompt or a list of prompts."""
+
+    input_ids: list[int] | list[list[int]] | None = None
+    text: str | list[str] | None = Field(default=None, description="Instead of input_ids.")
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    return_logprob: bool = False
+    top_logprobs_num: int = Field(default=0, ge=0, le=20)
+
+
+class GenerateFinishReason(BaseModel):
+    """``type`` is ``stop`` (``matched``: the eos/stop id or string) or ``length``."""
+
+    type: Literal["stop", "length"]
+    matched: int | str | None = None
+    length: int | None = None
+
+
+class GenerateMetaInfo(BaseModel):
+    """``output_token_logprobs``: ``[logprob, token_id, null]`` per output token."""
+
+    output_token_logprobs: list[tuple[float, int, None]] | None = None
+    output_top_logprobs: list[list[tuple[float, int, None]]] | None = None
+    finish_reason: GenerateFinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    weight_version: int
+
+
+class GenerateResponse(BaseModel):
+    """One generated sequence; ``/generate`` answers a list of these for batches or n > 1."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: GenerateMetaInfo
+
+
+class UpdateWeightsRequest(_Body):
+    """``POST /update_weights_from_disk`` (SGLang's shape): a local transformers folder."""
+
+    model_path: str = Field(min_length=1)
+
+
+class UpdateWeightsResponse(BaseModel):
+    success: bool
+    message: str
+    weight_version: int
+
+
+class LoadLoraRequest(_Body):
+    """``POST /v1/load_lora_adapter`` (vLLM's shape): serve a PEFT adapter under a name."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class InferenceHealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
+    weight_version: int

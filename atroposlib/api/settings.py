@@ -68,7 +68,11 @@ class BrokerSettings(BaseSettings):
         default=64, ge=0, description="Accepted groups kept for GET /recent_groups."
     )
     gzip_level: int = Field(
-        default=1, ge=1, le=9, description="gzip level of responses of 1000 bytes or more."
+        default=1,
+        ge=1,
+        le=9,
+        description="gzip level of JSON responses of 1000 bytes or more (igzip: 1-3 -> its"
+        " level 1, 4-6 -> 2, 7-9 -> 3).",
     )
     retry_after_seconds: int = Field(
         default=2, ge=1, description="Retry-After sent with 503 when the queue is full."

@@ -2,13 +2,14 @@
 
 The rules are those of :class:`atroposlib.protocol.ScoredData` plus what a trainer needs:
 aligned lengths, finite numbers, at least one sequence, token ids and masks that are numbers
-(not numeric strings) within int32. A failure raises
-:class:`InvalidGroupError` naming the field and the fix. The result holds the per-token fields
-as 1-D numpy arrays (int32 / float32), ready for the store.
+(not numeric strings) within int32; true/false count as 1/0, as the protocol model takes
+them. A failure raises :class:`InvalidGroupError` naming the field and the fix. The result
+holds the per-token fields as 1-D numpy arrays (int32 / float32), ready for the store.
 """
 
 from __future__ import annotations
 
+import array
 import logging
 import math
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ def _int_row(field: str, index: int, row: Any) -> np.ndarray:
         return np.frombuffer(row, dtype=PACKED_DTYPES[field])
     if not isinstance(row, list | np.ndarray):
         raise InvalidGroupError(f"{field}[{index}]", "must be a list of integers")
+    if isinstance(row, list):
+        try:  # C loop: rejects floats, strings, None and values outside int32 by itself
+            return np.frombuffer(array.array("i", row), dtype=PACKED_DTYPES[field])
+        except (TypeError, OverflowError):
+            pass  # e.g. 5.0 or 2**40: the slower checks below accept or name the problem
     try:
         arr = np.asarray(row)
     except (ValueError, TypeError, OverflowError) as err:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from datetime import datetime
@@ -27,7 +28,7 @@ from atroposlib.launcher import Component, ComponentFailedError, Supervisor
 from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.panel import StatusPoller, render
-from atroposlib.localrun.settings import LocalRunSettings
+from atroposlib.localrun.settings import LocalRunSettings, resolve
 
 console = Console(stderr=True)
 
@@ -39,11 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ValidationError) as err:
         console.print(f"error: {str(err).splitlines()[0]}")
         return 2
+    settings.env_script = resolve(settings.env_script)
+    settings.env_config = resolve(settings.env_config)
     if not settings.env_script.exists() or not settings.env_config.exists():
         console.print(f"error: {settings.env_script} or {settings.env_config} does not exist")
         return 2
     layout = _layout(settings)
     console.print(f"run folder: {layout.run_dir}")
+    signal.signal(signal.SIGTERM, _interrupt)
     with Supervisor(layout.run_dir) as supervisor, httpx.Client(timeout=2.0) as http:
         poller = StatusPoller(layout, http)
         try:
@@ -54,8 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             console.print("interrupted: stopping every process")
             code = 130
-    _write_report(settings, layout, code)
+        pids = supervisor.pids()
+    _write_report(settings, layout, code, weight_version=poller.status.weight_version, pids=pids)
     return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops every process as Ctrl-C does
 
 
 def _layout(settings: LocalRunSettings) -> RunLayout:
@@ -118,7 +127,14 @@ def _run_to_end(supervisor: Supervisor, component: Component) -> None:
         )
 
 
-def _write_report(settings: LocalRunSettings, layout: RunLayout, code: int) -> None:
+def _write_report(
+    settings: LocalRunSettings,
+    layout: RunLayout,
+    code: int,
+    *,
+    weight_version: int | None,
+    pids: dict[str, int],
+) -> None:
     env_config = yaml.safe_load(settings.env_config.read_text()) or {}
     format_weight = float((env_config.get("env") or {}).get("format_weight", 0.0))
     rows = report.rewards_by_step(layout.rollouts_file, format_weight)
@@ -126,7 +142,13 @@ def _write_report(settings: LocalRunSettings, layout: RunLayout, code: int) -> N
     if rows:
         report.plot_rewards(rows, layout.run_dir / "reward_curve.png")
     summary = report.write_summary(
-        layout.run_dir / "summary.json", rows, comparison, exit_code=code, steps=settings.steps
+        layout.run_dir / "summary.json",
+        rows,
+        comparison,
+        exit_code=code,
+        steps=settings.steps,
+        final_weight_version=weight_version,
+        pids=pids,
     )
     headline = {k: v for k, v in summary.items() if k != "rewards_by_step"}
     console.print(json.dumps(headline, indent=1))

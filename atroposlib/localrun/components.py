@@ -60,7 +60,9 @@ def inference(layout: RunLayout, settings: LocalRunSettings) -> Component:
     return Component(
         "inference",
         [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
-         "--port", str(layout.inference_port), "--max-batch-size", str(settings.group_size * 2)],
+         "--port", str(layout.inference_port), "--served-model-name", "default",
+         "--threads", str(settings.threads),
+         "--max-batch-size", str(settings.group_size * 2)],
         health_url=f"{layout.inference_url}/health",
         startup_timeout_s=settings.startup_timeout_s,
     )  # fmt: skip
@@ -83,6 +85,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
          *settings.trainer_args],
+        env={"OMP_NUM_THREADS": str(settings.threads)},
     )  # fmt: skip
 
 

@@ -95,6 +95,15 @@ def first_last_gain(rows: list[StepRewards], window: int = 5) -> tuple[float, fl
     return _mean([r.reward for r in rows[:window]]), _mean([r.reward for r in rows[-window:]])
 
 
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """Mean of the last ``window`` values at each point (fewer at the start).
+
+    >>> rolling_mean([1.0, 3.0, 5.0, 7.0], 2)
+    [1.0, 2.0, 4.0, 6.0]
+    """
+    return [_mean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+
+
 def plot_rewards(rows: list[StepRewards], path: Path) -> None:
     import matplotlib
 
@@ -103,7 +112,9 @@ def plot_rewards(rows: list[StepRewards], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(7, 4))
     steps = [r.step for r in rows]
-    axis.plot(steps, [r.reward for r in rows], marker="o", label="mean reward")
+    rewards = [r.reward for r in rows]
+    axis.plot(steps, rewards, marker="o", alpha=0.35, label="mean reward per step")
+    axis.plot(steps, rolling_mean(rewards, 5), linewidth=2.5, label="5-step rolling mean")
     axis.plot(steps, [r.format_rate for r in rows], linestyle="--", label="format compliance")
     axis.plot(steps, [r.correct for r in rows], linestyle=":", label="correctness")
     axis.set_xlabel("policy step (weights that sampled the rollouts)")

@@ -29,11 +29,12 @@ class LocalRunSettings(BaseSettings):
         description="Model folder to train (default: the offline SmolLM2-135M-Instruct).",
     )
     env_script: Path = Field(
-        default=REPO_ROOT / "environments" / "reasoning_gym" / "env.py",
-        description="Environment script started as `python <script> serve`.",
+        default=Path("environments/reasoning_gym/env.py"),
+        description="Environment script started as `python <script> serve` (relative paths: "
+        "the current folder, else the atroposlib checkout).",
     )
     env_config: Path = Field(
-        default=REPO_ROOT / "configs" / "local-cpu-env.yaml",
+        default=Path("configs/local-cpu-env.yaml"),
         description="YAML config of the environment (its `env:` section).",
     )
     steps: int = Field(default=40, gt=0, description="Trainer optimizer steps.")
@@ -47,6 +48,12 @@ class LocalRunSettings(BaseSettings):
         description="Held-out problems scored greedily before and after training (0: skip).",
     )
     seed: int = Field(default=0, description="Seed of the trainer.")
+    threads: int = Field(
+        default=1,
+        gt=0,
+        description="Torch threads of the inference server and of the trainer (on 2 cores, "
+        "more than 1 each makes both slower).",
+    )
     startup_timeout_s: float = Field(
         default=600.0, gt=0, description="How long each component may take to become healthy."
     )
@@ -57,3 +64,10 @@ class LocalRunSettings(BaseSettings):
         default_factory=list, description="Extra flags for the environment's serve command."
     )
     panel: bool = Field(default=True, description="Show the live terminal panel.")
+
+
+def resolve(path: Path) -> Path:
+    """An existing path as given, else the same relative path inside the checkout."""
+    if path.is_absolute() or path.exists():
+        return path.resolve()
+    return REPO_ROOT / path

@@ -36,6 +36,13 @@ DOCUMENTED_SETTINGS: tuple[tuple[str, str, str], ...] = (
     ("DPO export: `atropos-dpo-gen`", "atroposlib.export.settings:DpoSettings", "--{kebab}"),
     ("Group browser: `view-run`", "atroposlib.cli.view_run:ViewRunSettings", "--{kebab}"),
     ("HTML report: `jsonl2html`", "atroposlib.cli.jsonl2html:Jsonl2HtmlSettings", "--{kebab}"),
+    ("Trainer: `atropos-grpo`", "example_trainer.config:TrainerConfig", "--{name}"),
+    (
+        "Inference server: `atropos-inference`",
+        "atroposlib.inference.settings:InferenceSettings",
+        "--{kebab}",
+    ),
+    ("Local loop: `atropos-local`", "atroposlib.localrun.settings:LocalRunSettings", "--{kebab}"),
 )
 
 HEADER = """\

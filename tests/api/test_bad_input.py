@@ -162,6 +162,8 @@ VALID_AND_INVALID_FOR_BOTH: list[dict[str, Any]] = [
     _with(advantages=[[0.5] * 4, [1.0] * 4], overrides=[{"sft": True}, {}]),
     _with(messages=[[{"role": "user", "content": "hi", "extra": 1}], []]),
     _with(tokens=[[1.0, 2.0, 3.0, 4.0], [1, 2, 3, 4]]),
+    _with(tokens=[[True, False, True, False], [1, 2, 3, 4]]),
+    _with(tokens=[[1, None, 3, 4], [1, 2, 3, 4]]),
     {"masks": [[1]], "scores": [1.0]},
     _with(tokens=[[1, "a", 3, 4], [1, 2, 3, 4]]),
     _with(tokens=[[1, 2.5, 3, 4], [1, 2, 3, 4]]),
@@ -226,3 +228,32 @@ async def test_odd_values_never_cause_a_500_and_never_half_queue() -> None:
             assert (await client.get("/status")).json()["queue_size"] == queued
         assert 0 < queued < 400
         assert (await client.get("/latest_example")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("row", "ok"),
+    [
+        ([2**31 - 1, -(2**31), 0, 1], True),
+        ([2**31, 0, 0, 0], False),
+        ([-(2**31) - 1, 0, 0, 0], False),
+        ([2.0**31, 0, 0, 0], False),
+        ([1, 2, 3, 2**70], False),
+        ([1.0, 2.0, 3.0, -4.0], True),
+        ([1, 2.5, 3, 4], False),
+        ([1, "2", 3, 4], False),
+        ([1, None, 3, 4], False),
+        ([1, [2], 3, 4], False),
+        ([float("nan"), 1, 2, 3], False),
+    ],
+)
+def test_token_rows_must_be_int32_integers(row: list[Any], ok: bool) -> None:
+    for field in ("tokens", "masks"):
+        raw = make_group(2, length=4)
+        raw[field] = [row, raw[field][1]]
+        if ok:
+            checked = check_group(raw)
+            assert checked.group[field][0].tolist() == [int(v) for v in row]
+        else:
+            with pytest.raises(InvalidGroupError) as err:
+                check_group(raw)
+            assert err.value.field == f"{field}[0]"

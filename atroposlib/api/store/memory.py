@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any
+
+import orjson
 
 from atroposlib.api.store.base import (
     DEFAULT_GROUP_IDS_KEPT,
@@ -29,12 +30,12 @@ class MemoryStore(GroupStore):
         self._blobs: dict[int, bytes] = {}
         self._metas: dict[int, GroupMeta] = {}
         self._batches: dict[int, BatchRecord] = {}
-        self._state: dict[str, Any] = {}
+        self._state = b"{}"  # JSON, as the SQLite store keeps it: a snapshot, cheap to take
 
     def load(self) -> StoreSnapshot:
         in_batches = {key for batch in self._batches.values() for key in batch.keys}
         return StoreSnapshot(
-            state=copy.deepcopy(self._state),
+            state=orjson.loads(self._state),
             queued=[m for k, m in sorted(self._metas.items()) if k not in in_batches],
             batched={k: self._metas[k] for k in in_batches},
             batches=[
@@ -81,11 +82,11 @@ class MemoryStore(GroupStore):
         self.save_state(state)
 
     def save_state(self, state: dict[str, Any]) -> None:
-        self._state = copy.deepcopy(state)
+        self._state = orjson.dumps(state)
 
     def reset(self) -> None:
         self._group_ids.clear()
         self._blobs.clear()
         self._metas.clear()
         self._batches.clear()
-        self._state = {}
+        self._state = b"{}"

@@ -4,6 +4,11 @@ Each mutating call is one transaction that also writes the broker state, and it 
 before the broker answers, so whatever was answered 2xx survives a kill -9 (WAL with
 ``synchronous=NORMAL`` loses at most transactions of the last moment on power loss, not on a
 process crash). Payloads stay on disk; only small metadata is read back at start.
+
+Checkpoints (copying the WAL into the database file, with its fsyncs) run in a background
+thread on their own connection instead of inside whichever commit crosses SQLite's
+auto-checkpoint threshold: on a busy disk that commit took up to ~100 ms, the broker's p99
+POST latency. Commits themselves are unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import sqlite3
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +47,37 @@ CREATE TABLE IF NOT EXISTS group_ids (seq INTEGER PRIMARY KEY, group_id TEXT UNI
 CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 0), body BLOB NOT NULL);
 """
 _PRUNE_EVERY = 10_000
+CHECKPOINT_INTERVAL_S = 0.25
+"""How often the background thread checkpoints the WAL when something was committed."""
+
+
+class _Checkpointer(threading.Thread):
+    """Checkpoints the WAL (PASSIVE: never blocks the writer) when commits happened."""
+
+    def __init__(self, path: Path, interval: float) -> None:
+        super().__init__(name=f"sqlite-checkpoint:{path.name}", daemon=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._interval = interval
+        self._stop_event = threading.Event()
+        self.dirty = False
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval):
+            if self.dirty:
+                self.dirty = False
+                self.checkpoint()
+
+    def checkpoint(self) -> None:
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as err:  # the next round retries; the WAL keeps every commit
+            logger.warning("WAL checkpoint failed (%s); retrying later", err)
+            self.dirty = True
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+        self._db.close()
 
 
 def _lock_file(path: Path) -> IO[str]:
@@ -57,7 +94,13 @@ def _lock_file(path: Path) -> IO[str]:
 
 
 class SqliteStore(GroupStore):
-    def __init__(self, path: str | Path, *, group_ids_kept: int = DEFAULT_GROUP_IDS_KEPT) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        group_ids_kept: int = DEFAULT_GROUP_IDS_KEPT,
+        checkpoint_interval: float = CHECKPOINT_INTERVAL_S,
+    ) -> None:
         self.path = Path(path)
         self.description = f"sqlite:{self.path}"
         self._group_ids_kept = group_ids_kept
@@ -67,7 +110,10 @@ class SqliteStore(GroupStore):
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        self._checkpointer = _Checkpointer(self.path, checkpoint_interval)
+        self._checkpointer.start()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -78,6 +124,7 @@ class SqliteStore(GroupStore):
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        self._checkpointer.dirty = True
 
     @staticmethod
     def _write_state(db: sqlite3.Connection, state: dict[str, Any]) -> None:
@@ -191,5 +238,6 @@ class SqliteStore(GroupStore):
                 db.execute(f"DELETE FROM {table}")
 
     def close(self) -> None:
+        self._checkpointer.stop()
         self._db.close()
         self._lock.close()

@@ -1,0 +1,164 @@
+"""``create_app(settings)``: the embedded inference server as a FastAPI app.
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (OpenAI shapes), ``POST /generate`` (SGLang's token-in,
+token-out shape), ``POST /update_weights_from_disk`` (SGLang's reload shape) and
+``POST /v1/load_lora_adapter`` (vLLM's shape; merged into the base, see ``inference.lora``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import torch
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from transformers import PreTrainedModel
+
+from atroposlib.inference.engine import ModelRunner, check_compatible, load_model
+from atroposlib.inference.lora import load_merged
+from atroposlib.inference.openai_api import router as openai_router
+from atroposlib.inference.scheduler import Scheduler
+from atroposlib.inference.settings import InferenceSettings
+from atroposlib.inference.state import ServerState, server_state
+from atroposlib.inference.token_api import router as token_router
+from atroposlib.protocol import (
+    InferenceHealthResponse,
+    LoadLoraRequest,
+    UpdateWeightsRequest,
+    UpdateWeightsResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: InferenceSettings) -> FastAPI:
+    """Build the app; the model is loaded and the worker started by the lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)
+        runner = await asyncio.to_thread(
+            ModelRunner, settings.model, settings.device, settings.dtype
+        )
+        scheduler = Scheduler(runner, max_batch_size=settings.max_batch_size)
+        scheduler.start()
+        app.state.inference = ServerState(
+            settings, runner, scheduler, started=int(time.time()), base_path=settings.model
+        )
+        logger.info("serving %s as %r on %s", settings.model, settings.model_name, runner.device)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    app = FastAPI(title="atroposlib inference", lifespan=lifespan)
+    guarded = [Depends(_bearer_check(settings.api_key))]
+    app.include_router(openai_router, dependencies=guarded)
+    app.include_router(token_router, dependencies=guarded)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route(
+        "/v1/load_lora_adapter",
+        load_lora_adapter,
+        methods=["POST"],
+        dependencies=guarded,
+        response_model=UpdateWeightsResponse,
+    )
+    app.add_api_route(
+        "/update_weights_from_disk",
+        update_weights_from_disk,
+        methods=["POST"],
+        dependencies=guarded,
+        response_model=UpdateWeightsResponse,
+    )
+    return app
+
+
+async def health(request: Request) -> InferenceHealthResponse:
+    state = server_state(request)
+    return InferenceHealthResponse(
+        model=state.settings.model_name, weight_version=state.scheduler.weight_version
+    )
+
+
+async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request) -> Any:
+    """Load a checkpoint beside the served weights, then swap it in between steps."""
+    state = server_state(request)
+    runner = state.runner
+    answer = await _swap_in(
+        state,
+        "model_path",
+        body.model_path,
+        load_model,
+        body.model_path,
+        runner.device,
+        runner.dtype,
+    )
+    if isinstance(answer, UpdateWeightsResponse):
+        state.base_path, state.lora_names = body.model_path, []
+    return answer
+
+
+async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> Any:
+    """Merge a PEFT adapter into the base weights and serve it (see ``inference.lora``)."""
+    state = server_state(request)
+    runner = state.runner
+    answer = await _swap_in(
+        state,
+        "lora_path",
+        body.lora_path,
+        load_merged,
+        state.base_path,
+        body.lora_path,
+        runner.device,
+        runner.dtype,
+    )
+    if isinstance(answer, UpdateWeightsResponse):
+        state.lora_names = [body.lora_name]
+    return answer
+
+
+async def _swap_in(
+    state: ServerState, field: str, path: str, loader: Callable[..., PreTrainedModel], *args: Any
+) -> UpdateWeightsResponse | JSONResponse:
+    """Load new weights off the worker thread, check them, and swap them in between steps."""
+    async with state.swap_lock:
+        try:
+            model = await asyncio.to_thread(loader, *args)
+            check_compatible(state.runner.model, model)
+        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            logger.warning("loading %s=%s refused: %s", field, path, error)
+            message = f"{field}: {error}"
+            refused = UpdateWeightsResponse(
+                success=False, message=message, weight_version=state.scheduler.weight_version
+            )
+            return JSONResponse(status_code=400, content=refused.model_dump() | {"detail": message})
+        started = time.perf_counter()
+        version = await state.scheduler.swap_weights(model)
+    waited = time.perf_counter() - started
+    return UpdateWeightsResponse(
+        success=True,
+        message=f"loaded {path} (waited {waited:.2f} s for requests in flight)",
+        weight_version=version,
+    )
+
+
+def _bearer_check(api_key: str | None) -> Any:
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise HTTPException(
+                status_code=401,
+                detail="authorization: send the header `Authorization: Bearer <api key>`",
+            )
+
+    return check

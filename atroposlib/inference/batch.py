@@ -1,0 +1,108 @@
+"""A running batch of sequences sharing one key/value cache.
+
+Rows are left-padded: every row's cache ends at the same column, and ``attention_mask``
+marks which columns hold real tokens. Rows can join (their cache is left-padded to the
+batch's length and concatenated) and leave (selected out) between decode steps, which is
+what lets new requests start while others are still generating.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from atroposlib.inference.sampling import SamplingParams
+
+
+class Sequence:
+    """One generated sequence: its prompt, settings, and what has been produced so far."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.generator: torch.Generator | None = None  # seeded on the model's device at prefill
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] = []
+        self.finish_reason: str | None = None
+        self.matched_stop: str | int | None = None
+        self.text: str = ""
+        self.weight_version = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class ActiveBatch:
+    """Rows being decoded together: cache (B, H, L, D) per layer, mask (B, L)."""
+
+    def __init__(
+        self,
+        rows: list[Sequence],
+        cache: DynamicCache,
+        attention_mask: torch.Tensor,
+        next_tokens: torch.Tensor,
+    ) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.attention_mask = attention_mask  # (B, L): 1 where the cache holds a real token
+        self.next_tokens = next_tokens  # (B,): sampled, not yet fed through the model
+        self.positions = attention_mask.sum(dim=1)  # (B,): position id of next_tokens
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def length(self) -> int:
+        return int(self.attention_mask.shape[1])
+
+    def keep(self, indices: list[int]) -> None:
+        """Drop every row not in ``indices``, then trim columns no remaining row uses."""
+        index = torch.tensor(indices, dtype=torch.long, device=self.attention_mask.device)
+        self.rows = [self.rows[i] for i in indices]
+        self.cache.batch_select_indices(index)
+        self.attention_mask = self.attention_mask[index]
+        self.next_tokens = self.next_tokens[index]
+        self.positions = self.positions[index]
+        used = self.attention_mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else self.length
+        if first > 0:
+            self._slice_columns(first)
+
+    def merge(self, other: ActiveBatch) -> None:
+        """Append ``other``'s rows, left-padding whichever cache is shorter."""
+        width = max(self.length, other.length)
+        self._pad_left(width - self.length)
+        other._pad_left(width - other.length)
+        for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
+            mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
+            mine.values = torch.cat([mine.values, theirs.values], dim=0)
+        self.rows += other.rows
+        self.attention_mask = torch.cat([self.attention_mask, other.attention_mask], dim=0)
+        self.next_tokens = torch.cat([self.next_tokens, other.next_tokens], dim=0)
+        self.positions = torch.cat([self.positions, other.positions], dim=0)
+
+    def _pad_left(self, columns: int) -> None:
+        if columns <= 0:
+            return
+        for layer in _layers(self.cache):
+            keys, values = layer.keys, layer.values
+            pad_shape = (*keys.shape[:2], columns, keys.shape[3])
+            layer.keys = torch.cat([keys.new_zeros(pad_shape), keys], dim=2)
+            layer.values = torch.cat([values.new_zeros(pad_shape), values], dim=2)
+        pad = self.attention_mask.new_zeros((len(self.rows), columns))
+        self.attention_mask = torch.cat([pad, self.attention_mask], dim=1)
+
+    def _slice_columns(self, first: int) -> None:
+        for layer in _layers(self.cache):
+            layer.keys = layer.keys[:, :, first:]
+            layer.values = layer.values[:, :, first:]
+        self.attention_mask = self.attention_mask[:, first:]
+
+
+def _layers(cache: DynamicCache) -> list[Any]:
+    """The per-layer key/value holders (``.keys``/``.values``, each (B, H, L, D))."""
+    return list(cache.layers)

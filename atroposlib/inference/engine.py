@@ -1,0 +1,159 @@
+"""The model side of generation: load weights, prefill new rows, decode a step, stop rows.
+
+No threads and no HTTP here; :mod:`atroposlib.inference.scheduler` drives this from its
+worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from atroposlib.inference.batch import ActiveBatch, Sequence
+from atroposlib.inference.sampling import sample_next
+
+logger = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+_COMPATIBILITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """``auto`` means float32 on CPU and bfloat16 on a GPU."""
+    if name == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return DTYPES[name]
+
+
+def load_model(path: str | Path, device: str, dtype: torch.dtype) -> PreTrainedModel:
+    """Load a causal LM from a local transformers folder, in eval mode, on ``device``."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model_path {str(path)!r} is not a folder on this machine")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.to(torch.device(device))  # type: ignore[arg-type]  # transformers stubs
+    return model.eval()
+
+
+def check_compatible(current: PreTrainedModel, candidate: PreTrainedModel) -> None:
+    """Raise ``ValueError`` if ``candidate`` cannot replace ``current`` behind the tokenizer."""
+    for key in _COMPATIBILITY_KEYS:
+        ours, theirs = getattr(current.config, key, None), getattr(candidate.config, key, None)
+        if ours != theirs:
+            raise ValueError(
+                f"the checkpoint's {key} is {theirs!r} but the served model's is {ours!r}; "
+                "point model_path at a checkpoint of the served model"
+            )
+
+
+class ModelRunner:
+    """A causal LM and its tokenizer, with batched prefill and single-step decode."""
+
+    def __init__(self, model_path: str | Path, device: str = "cpu", dtype: str = "auto") -> None:
+        self.device = device
+        self.dtype = resolve_dtype(dtype, device)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.model = load_model(model_path, device, self.dtype)
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_token_ids: frozenset[int] = frozenset(
+            eos if isinstance(eos, list) else [] if eos is None else [eos]
+        )
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids, default=0))
+
+    @torch.inference_mode()
+    def prefill(self, rows: list[Sequence]) -> ActiveBatch:
+        """Run the prompts of ``rows`` (left-padded) and sample each row's first token.
+
+        A prompt shared by several rows (``n > 1``) is run once; its cache is copied per row.
+        """
+        unique: dict[tuple[int, ...], int] = {}
+        for row in rows:
+            if row.params.seed is not None and row.generator is None:
+                row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
+            unique.setdefault(tuple(row.prompt_ids), len(unique))
+        prompts = list(unique)
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1, :]  # (unique prompts, V)
+        if len(prompts) < len(rows):
+            source = torch.tensor(
+                [unique[tuple(row.prompt_ids)] for row in rows], device=ids.device
+            )
+            cache.batch_select_indices(source)
+            mask, logits = mask[source], logits[source]
+        first = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
+        batch = ActiveBatch(rows, cache, mask, first)
+        self._sample_into(batch, logits)
+        return batch
+
+    @torch.inference_mode()
+    def decode(self, batch: ActiveBatch) -> None:
+        """Feed every row's last token through the model and sample the next one."""
+        ones = batch.attention_mask.new_ones((len(batch), 1))
+        batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
+        out = self.model(
+            input_ids=batch.next_tokens.unsqueeze(1),
+            attention_mask=batch.attention_mask,
+            position_ids=batch.positions.unsqueeze(1),
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.positions = batch.positions + 1
+        self._sample_into(batch, out.logits[:, -1, :])
+
+    def _sample_into(self, batch: ActiveBatch, logits: torch.Tensor) -> None:
+        params = [row.params for row in batch.rows]
+        sampled = sample_next(logits, params, [row.generator for row in batch.rows])
+        batch.next_tokens = torch.tensor(sampled.token_ids, dtype=torch.long, device=logits.device)
+        for i, row in enumerate(batch.rows):
+            row.output_ids.append(sampled.token_ids[i])
+            row.logprobs.append(sampled.logprobs[i])
+            if row.params.top_logprobs:
+                row.top_logprobs.append(sampled.top_logprobs[i])
+            self._check_stop(row)
+
+    def _check_stop(self, row: Sequence) -> None:
+        token = row.output_ids[-1]
+        stop_ids = set(row.params.stop_token_ids)
+        if not row.params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        if token in stop_ids:
+            row.finish_reason, row.matched_stop = "stop", token
+        elif row.params.stop:
+            text = str(self.tokenizer.decode(row.output_ids, skip_special_tokens=True))
+            hits = [(text.find(s), s) for s in row.params.stop if s in text]
+            if hits:
+                cut, matched = min(hits)
+                row.finish_reason, row.matched_stop, row.text = "stop", matched, text[:cut]
+                return
+        if row.finish_reason is None and len(row.output_ids) >= row.params.max_new_tokens:
+            row.finish_reason = "length"
+        if row.finished:
+            row.text = str(self.tokenizer.decode(row.output_ids, skip_special_tokens=True))

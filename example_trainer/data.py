@@ -1,0 +1,293 @@
+"""From a broker batch to padded tensors: samples, advantages, micro-batches.
+
+A batch is a list of groups as the broker hands them out (COMPAT): per-token fields
+(``tokens``, ``masks``, ``advantages``, ``ref_logprobs``, ``inference_logprobs``) are lists of
+1-D arrays or lists; ``scores``, ``overrides``, ``group_overrides``, ``env_id``,
+``generation_params``, ``policy_version`` as on the wire. Everything here is deterministic, so
+every rank turns the same batch into the same samples and the same micro-batch plan.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from atroposlib.protocol import MASK_IGNORE_INDEX
+from example_trainer.config import LossConfig
+from example_trainer.loss import BatchTotals, group_advantages, role_advantages
+
+
+@dataclass
+class Sample:
+    """One trained sequence; arrays are aligned with ``tokens`` (L,)."""
+
+    tokens: np.ndarray  # (L,) int64
+    labels: np.ndarray  # (L,) int64, -100 where not trained
+    advantages: np.ndarray  # (L,) float32
+    inference_logprobs: np.ndarray | None  # (L,) float32
+    ref_logprobs: np.ndarray | None  # (L,) float32
+    temperature: float = 1.0
+    sft: bool = False
+    weight: float = 1.0  # 0.0 leaves the sequence out of the loss
+    score: float = 0.0
+    env_id: int | None = None
+    policy_version: int | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        return int((self.labels[1:] != MASK_IGNORE_INDEX).sum()) if self.weight > 0 else 0
+
+
+@dataclass
+class BatchStats:
+    rewards_by_env: dict[str, float] = field(default_factory=dict)
+    advantage: dict[str, float] = field(default_factory=dict)
+    zero_variance_groups: int = 0
+    truncated_masked: int = 0
+    sft_rows: int = 0
+    policy_versions: list[int] = field(default_factory=list)
+
+
+def _array(x: Any, dtype: type) -> np.ndarray:
+    return np.asarray(x, dtype=dtype).reshape(-1)
+
+
+def _per_seq(group: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    overrides = group.get("overrides") or [{} for _ in range(n)]
+    return [dict(o or {}) for o in overrides]
+
+
+def _lookup(seq: Mapping[str, Any], grp: Mapping[str, Any], key: str, default: Any) -> Any:
+    return seq[key] if key in seq else grp.get(key, default)
+
+
+def batch_to_samples(
+    groups: Sequence[Mapping[str, Any]],
+    cfg: LossConfig,
+    role_baselines: Mapping[Hashable, float] | None = None,
+) -> tuple[list[Sample], dict[Hashable, float], BatchStats]:
+    """Turn groups into samples with per-token advantages; returns new SPIRAL baselines."""
+    baselines: dict[Hashable, float] = dict(role_baselines or {})
+    stats = BatchStats()
+    samples: list[Sample] = []
+    score_groups: list[tuple[list[int], Tensor]] = []  # (sample indices, scores) for baselines
+    role_rows: list[tuple[int, Hashable]] = []
+    rewards: dict[str, list[float]] = defaultdict(list)
+
+    for group in groups:
+        n = len(group["tokens"])
+        seq_over = _per_seq(group, n)
+        grp_over = dict(group.get("group_overrides") or {})
+        gen_temp = float((group.get("generation_params") or {}).get("temperature", 1.0))
+        given_adv = group.get("advantages")
+        inf_lp, ref_lp = group.get("inference_logprobs"), group.get("ref_logprobs")
+        scores = [float(s) for s in group["scores"]]
+        env_id = group.get("env_id")
+        start = len(samples)
+        rl_rows: list[int] = []
+        for i in range(n):
+            tokens = _array(group["tokens"][i], np.int64)
+            sft = bool(_lookup(seq_over[i], grp_over, "sft", False))
+            truncated = bool(seq_over[i].get("truncated")) or (
+                seq_over[i].get("finish_reason") == "length"
+            )
+            weight = 0.0 if (truncated and cfg.mask_truncated and not sft) else 1.0
+            stats.truncated_masked += int(weight == 0.0)
+            stats.sft_rows += int(sft)
+            adv = (
+                _array(given_adv[i], np.float32)
+                if given_adv is not None and given_adv[i] is not None
+                else np.zeros_like(tokens, dtype=np.float32)
+            )
+            samples.append(
+                Sample(
+                    tokens=tokens,
+                    labels=_array(group["masks"][i], np.int64),
+                    advantages=adv,
+                    inference_logprobs=None
+                    if inf_lp is None or inf_lp[i] is None
+                    else _array(inf_lp[i], np.float32),
+                    ref_logprobs=None
+                    if ref_lp is None or ref_lp[i] is None
+                    else _array(ref_lp[i], np.float32),
+                    temperature=float(_lookup(seq_over[i], grp_over, "temperature", gen_temp)),
+                    sft=sft,
+                    weight=weight,
+                    score=scores[i],
+                    env_id=env_id,
+                    policy_version=group.get("policy_version"),
+                )
+            )
+            rewards[str(env_id)].append(scores[i])
+            role = _lookup(seq_over[i], grp_over, "role", None)
+            if sft or given_adv is not None:
+                continue
+            if cfg.role_baseline and role is not None:
+                role_rows.append((start + i, (env_id, role)))
+            else:
+                rl_rows.append(start + i)
+        if rl_rows:
+            group_scores = torch.tensor([samples[j].score for j in rl_rows], dtype=torch.float64)
+            score_groups.append((rl_rows, group_scores))
+
+    # Group baselines (mean / leave-one-out, std none / group / batch).
+    advs = group_advantages(
+        [s for _, s in score_groups], cfg.advantage_baseline, cfg.advantage_std, cfg.std_eps
+    )
+    for (rows, scores_t), adv_t in zip(score_groups, advs, strict=True):
+        zero_var = bool((scores_t == scores_t[0]).all())
+        stats.zero_variance_groups += int(zero_var)
+        for j, a in zip(rows, adv_t.tolist(), strict=True):
+            samples[j].advantages[:] = a
+            if zero_var and cfg.mask_zero_variance_groups:
+                samples[j].weight = 0.0
+    # SPIRAL role-conditioned baselines, in batch order.
+    if role_rows:
+        role_adv, baselines = role_advantages(
+            [samples[j].score for j, _ in role_rows],
+            [key for _, key in role_rows],
+            baselines,
+            cfg.role_baseline_decay,
+        )
+        for (j, _), a in zip(role_rows, role_adv, strict=True):
+            samples[j].advantages[:] = a
+
+    for group_start, group in _group_offsets(groups):
+        for i, over in enumerate(_per_seq(group, len(group["tokens"]))):
+            if over.get("set_advantage_to_zero"):
+                samples[group_start + i].advantages[:] = 0.0
+
+    stats.rewards_by_env = {k: float(np.mean(v)) for k, v in rewards.items()}
+    trained = [
+        float(s.advantages[s.labels != MASK_IGNORE_INDEX].mean())
+        for s in samples
+        if s.weight > 0 and not s.sft and s.trained_tokens > 0
+    ]
+    if trained:
+        a = np.asarray(trained)
+        stats.advantage = {"mean": a.mean(), "std": a.std(), "min": a.min(), "max": a.max()}
+    stats.policy_versions = [s.policy_version for s in samples if s.policy_version is not None]
+    return samples, baselines, stats
+
+
+def _group_offsets(groups: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
+    out, offset = [], 0
+    for group in groups:
+        out.append((offset, group))
+        offset += len(group["tokens"])
+    return out
+
+
+def batch_totals(samples: Sequence[Sample]) -> BatchTotals:
+    counts = [s.trained_tokens for s in samples]
+    return BatchTotals(tokens=sum(counts), sequences=sum(c > 0 for c in counts))
+
+
+# ---------------------------------------------------------------------------------------
+# Micro-batches
+# ---------------------------------------------------------------------------------------
+
+
+def plan_microbatches(
+    lengths: Sequence[int], token_budget: int, bucket: bool = True
+) -> list[list[int]]:
+    """Indices per micro-batch so that rows x longest row <= token_budget.
+
+    bucket=True sorts by length (longest first) and fills greedily, so rows of similar length
+    share a micro-batch; bucket=False keeps arrival order and pads every row to the longest
+    sequence of the batch (the naive baseline).
+    """
+    if not lengths:
+        return []
+    if not bucket:
+        per = max(1, token_budget // max(lengths))
+        return [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * longest > token_budget:
+            plan.append(current)
+            current = []
+        current.append(i)
+    plan.append(current)
+    return plan
+
+
+def padded_tokens(plan: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
+    return sum(len(mb) * max(lengths[i] for i in mb) for mb in plan)
+
+
+def shard_plan(
+    plan: Sequence[list[int]], lengths: Sequence[int], world_size: int, rank: int
+) -> list[list[int]]:
+    """Deal micro-batches to ranks, largest padded cost first to the least-loaded rank."""
+    loads = [0] * world_size
+    mine: list[list[int]] = []
+    costs = [len(mb) * max(lengths[i] for i in mb) for mb in plan]
+    for k in sorted(range(len(plan)), key=lambda k: (-costs[k], k)):
+        target = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[target] += costs[k]
+        if target == rank:
+            mine.append(plan[k])
+    return mine
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors; the T-1 next-token positions are aligned as in loss.LossInputs."""
+
+    input_ids: Tensor  # (B, T)
+    attention_mask: Tensor  # (B, T)
+    targets: Tensor  # (B, T-1)
+    mask: Tensor  # (B, T-1) float
+    advantages: Tensor  # (B, T-1)
+    inference_logprobs: Tensor  # (B, T-1)
+    has_inference: Tensor  # (B,) bool
+    ref_logprobs: Tensor | None  # (B, T-1), when every row carries them
+    temperature: Tensor  # (B,)
+    sft: Tensor  # (B,) bool
+
+    def to(self, device: torch.device) -> MicroBatch:
+        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
+        return MicroBatch(**moved)
+
+
+def collate(samples: Sequence[Sample], pad_to: int | None = None) -> MicroBatch:
+    """Right-pad to the longest row (or to ``pad_to``, for the naive baseline)."""
+    b, t = len(samples), max(pad_to or 0, *(len(s.tokens) for s in samples))
+    ids = np.zeros((b, t), np.int64)
+    attn = np.zeros((b, t), np.int64)
+    labels = np.full((b, t), MASK_IGNORE_INDEX, np.int64)
+    adv = np.zeros((b, t), np.float32)
+    inf = np.zeros((b, t), np.float32)
+    ref = np.zeros((b, t), np.float32)
+    for r, s in enumerate(samples):
+        n = len(s.tokens)
+        ids[r, :n], attn[r, :n], labels[r, :n], adv[r, :n] = s.tokens, 1, s.labels, s.advantages
+        if s.inference_logprobs is not None:
+            inf[r, :n] = s.inference_logprobs
+        if s.ref_logprobs is not None:
+            ref[r, :n] = s.ref_logprobs
+    weight = torch.tensor([s.weight for s in samples], dtype=torch.float32)
+    mask = torch.from_numpy(labels[:, 1:] != MASK_IGNORE_INDEX).float() * weight[:, None]
+    all_ref = all(s.ref_logprobs is not None for s in samples)
+    return MicroBatch(
+        input_ids=torch.from_numpy(ids),
+        attention_mask=torch.from_numpy(attn),
+        targets=torch.from_numpy(ids[:, 1:].copy()),
+        mask=mask,
+        advantages=torch.from_numpy(adv[:, 1:].copy()),
+        inference_logprobs=torch.from_numpy(inf[:, 1:].copy()),
+        has_inference=torch.tensor([s.inference_logprobs is not None for s in samples]),
+        ref_logprobs=torch.from_numpy(ref[:, 1:].copy()) if all_ref else None,
+        temperature=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+        sft=torch.tensor([s.sft for s in samples]),
+    )

@@ -1,0 +1,261 @@
+"""Getting new weights into the inference servers: one interface, one class per way.
+
+- ``DiskReload``: the trainer writes an HF folder; each server reloads it with
+  ``POST /update_weights_from_disk {"model_path": ...}`` (our embedded server, SGLang).
+- ``VllmRestart``: the trainer owns one vLLM process per URL and restarts it on the folder.
+- ``LoraHotLoad``: the trainer writes a peft adapter; each server hot-loads it with
+  ``POST /v1/load_lora_adapter`` (vLLM with runtime LoRA updating, SGLang).
+
+Every server in the list is updated; each failure is retried ``retries`` times with backoff and
+reported in the returned ``SyncReport`` (the loop logs it and counts it as a metric).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+from urllib.parse import urlparse
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncReport:
+    step: int
+    updated: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class WeightSync(Protocol):
+    writes: Literal["full", "adapter"]
+    """What the loop writes before ``push``: full HF weights or a peft adapter folder."""
+
+    def start(self, model_path: str) -> None: ...
+    def push(self, weights: Path, step: int) -> SyncReport: ...
+    def close(self) -> None: ...
+
+
+_FINAL_STATUSES = {400, 401, 403, 404, 405, 413, 422}
+
+
+def _post_until_ok(
+    client: httpx.Client, url: str, body: dict[str, Any], retries: int, backoff: float
+) -> str | None:
+    """POST until a 2xx whose JSON does not say success=false; None, or the last error.
+
+    Connection errors, timeouts and 5xx are retried with exponential backoff; a refusal
+    (success=false, or a 4xx such as 400 for a bad model_path) is final at once.
+    """
+    error = "not attempted"
+    for attempt in range(retries + 1):
+        final = False
+        try:
+            response = client.post(url, json=body)
+            payload = response.json() if response.is_success and response.content else {}
+            if response.is_success and (
+                not isinstance(payload, dict) or payload.get("success", True)
+            ):
+                return None
+            if response.is_success:
+                error, final = f"success=false: {payload.get('message')}", True
+            else:
+                error = f"HTTP {response.status_code}: {response.text[:200]}"
+                final = response.status_code in _FINAL_STATUSES
+        except (httpx.HTTPError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        logger.warning("weight push to %s failed (attempt %d): %s", url, attempt + 1, error)
+        if final:
+            break
+        if attempt < retries:
+            time.sleep(backoff * 2**attempt)
+    return error
+
+
+class _HttpSync:
+    path = ""
+    writes: Literal["full", "adapter"] = "full"
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        retries: int = 3,
+        timeout: float = 300.0,
+        backoff: float = 0.5,
+        api_key: str | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        self.retries, self.backoff = retries, backoff
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = http_client or httpx.Client(timeout=timeout, headers=headers)
+
+    def start(self, model_path: str) -> None:
+        """Servers are started by the user; nothing to do."""
+
+    def body(self, weights: Path, step: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def push(self, weights: Path, step: int) -> SyncReport:
+        report, started = SyncReport(step), time.perf_counter()
+        for url in self.urls:
+            body = self.body(weights, step)
+            error = _post_until_ok(self.client, url + self.path, body, self.retries, self.backoff)
+            if error is None:
+                report.updated.append(url)
+            else:
+                report.failed[url] = error
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class DiskReload(_HttpSync):
+    path = "/update_weights_from_disk"
+
+    def body(self, weights: Path, step: int) -> dict[str, Any]:
+        return {"model_path": str(weights.resolve())}
+
+
+class LoraHotLoad(_HttpSync):
+    path = "/v1/load_lora_adapter"
+    writes: Literal["full", "adapter"] = "adapter"
+
+    def __init__(self, urls: list[str], adapter_name: str, **kwargs: Any) -> None:
+        super().__init__(urls, **kwargs)
+        self.adapter_name = adapter_name
+
+    def body(self, weights: Path, step: int) -> dict[str, Any]:
+        return {
+            "lora_name": self.adapter_name,
+            "lora_path": str(weights.resolve()),
+            "load_inplace": True,
+        }
+
+
+class VllmRestart:
+    """One server process per URL, started from ``command`` ({model}, {port}) and restarted."""
+
+    writes: Literal["full", "adapter"] = "full"
+
+    def __init__(
+        self,
+        urls: list[str],
+        command: str,
+        *,
+        retries: int = 3,
+        ready_timeout: float = 600.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        self.command, self.retries, self.ready_timeout = command, retries, ready_timeout
+        self.env = {**os.environ, **(env or {})}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _stop(self, url: str) -> None:
+        proc = self.procs.pop(url, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _launch(self, url: str, model: str) -> str | None:
+        port = urlparse(url).port or 8000
+        argv = shlex.split(self.command.format(model=model, port=port))
+        self.procs[url] = proc = subprocess.Popen(argv, env=self.env)
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return f"server exited with code {proc.returncode}"
+            try:
+                if httpx.get(url + "/health", timeout=2.0).is_success:
+                    return None
+            except httpx.HTTPError:
+                pass  # still starting
+            time.sleep(0.5)
+        return f"not healthy after {self.ready_timeout:.0f} s"
+
+    def _restart(self, url: str, model: str) -> str | None:
+        error: str | None = "not attempted"
+        for attempt in range(self.retries + 1):
+            self._stop(url)
+            error = self._launch(url, model)
+            if error is None:
+                return None
+            logger.warning("restarting %s failed (attempt %d): %s", url, attempt + 1, error)
+        self._stop(url)
+        return error
+
+    def start(self, model_path: str) -> None:
+        for url in self.urls:
+            error = self._restart(url, model_path)
+            if error is not None:
+                raise RuntimeError(f"could not start inference server at {url}: {error}")
+
+    def push(self, weights: Path, step: int) -> SyncReport:
+        report, started = SyncReport(step), time.perf_counter()
+        for url in self.urls:
+            error = self._restart(url, str(weights.resolve()))
+            if error is None:
+                report.updated.append(url)
+            else:
+                report.failed[url] = error
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def close(self) -> None:
+        for url in list(self.procs):
+            self._stop(url)
+
+
+class NoSync:
+    writes: Literal["full", "adapter"] = "full"
+
+    def start(self, model_path: str) -> None:
+        """Nothing to start."""
+
+    def push(self, weights: Path, step: int) -> SyncReport:
+        return SyncReport(step)
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def make_weight_sync(
+    mode: str,
+    urls: list[str],
+    *,
+    retries: int = 3,
+    timeout: float = 300.0,
+    vllm_command: str = "",
+    adapter_name: str = "atropos",
+    api_key: str | None = None,
+    http_client: httpx.Client | None = None,
+) -> WeightSync:
+    http = {"retries": retries, "timeout": timeout, "api_key": api_key, "http_client": http_client}
+    if mode == "disk":
+        return DiskReload(urls, **http)  # type: ignore[arg-type]
+    if mode == "lora":
+        return LoraHotLoad(urls, adapter_name, **http)
+    if mode == "vllm_restart":
+        return VllmRestart(urls, vllm_command, retries=retries, ready_timeout=timeout)
+    return NoSync()

@@ -1,0 +1,186 @@
+"""Run an environment's CLI for real against the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ENVIRONMENTS = REPO_ROOT / "environments"
+
+
+def tokenizer_path() -> str:
+    try:
+        from atroposlib.utils.test_model import ensure_test_model
+
+        return str(ensure_test_model())
+    except ImportError:
+        return str(Path.home() / ".cache/atroposlib/models/SmolLM2-135M-Instruct")
+
+
+def child_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ScriptedServer:
+    """``scripted_openai.py`` in its own process on a free port."""
+
+    def __init__(self, rules: list[dict[str, Any]], tmp: Path) -> None:
+        self.port = free_port()
+        script = tmp / f"script-{self.port}.json"
+        script.write_text(json.dumps(rules))
+        self.log = (tmp / f"scripted-{self.port}.log").open("wb")
+        args = [sys.executable, str(HERE / "scripted_openai.py"), "--port", str(self.port),
+                "--script", str(script)]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/v1/models", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError("scripted server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def requests(self) -> list[dict[str, Any]]:
+        return httpx.get(self.url + "/requests").json()  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def run_env(
+    name: str, command: str, server: ScriptedServer, tmp: Path, *flags: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python environments/<name>/env.py <command> ...`` against ``server``."""
+    args = [
+        sys.executable, str(ENVIRONMENTS / name / "env.py"), command,
+        f"--openai.base_url={server.url}/v1", "--openai.model_name=scripted",
+        "--openai.api_key=x", f"--env.tokenizer_name={tokenizer_path()}", *flags,
+    ]  # fmt: skip
+    return subprocess.run(
+        args, cwd=tmp, env=child_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def process_groups(
+    name: str, server: ScriptedServer, tmp: Path, *flags: str, steps: int = 2
+) -> list[dict[str, Any]]:
+    """Run ``process`` for ``steps`` groups and return the groups it wrote."""
+    out = tmp / f"{name}.jsonl"
+    done = run_env(name, "process", server, tmp, f"--env.total_steps={steps}",
+                   f"--env.data_path_to_save_groups={out}", *flags)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def load_env_module(name: str) -> Any:
+    """Import ``environments/<name>/env.py`` as a module (its folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"envcat_{name}", ENVIRONMENTS / name / "env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class BrokerServer:
+    """The real broker (``python -m atroposlib.api``, memory store) on a free port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.log = (tmp / f"broker-{self.port}.log").open("wb")
+        args = [sys.executable, "-m", "atroposlib.api", "--port", str(self.port), "--store",
+                "memory"]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=child_env())  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError("broker did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def register_trainer(self, batch_size: int) -> None:
+        body = {"wandb_group": "g", "wandb_project": "p", "batch_size": batch_size,
+                "max_token_len": 2048, "checkpoint_dir": "ckpt", "save_checkpoint_interval": 0,
+                "starting_step": 0, "num_steps": 100}  # fmt: skip
+        httpx.post(self.url + "/register", json=body).raise_for_status()
+        httpx.get(self.url + "/batch").raise_for_status()
+
+    def pull_batches(
+        self, count: int, env: subprocess.Popen[bytes], timeout: float = 120
+    ) -> list[list[dict[str, Any]]]:
+        """Take ``count`` batches, giving up when ``env`` exits first or after ``timeout``."""
+        batches: list[list[dict[str, Any]]] = []
+        deadline = time.monotonic() + timeout
+        while len(batches) < count and time.monotonic() < deadline:
+            exited = env.poll() is not None
+            batch = httpx.get(self.url + "/batch", timeout=10).json()["batch"]
+            if batch:
+                batches.append(batch)
+            elif exited:
+                break
+            else:
+                time.sleep(0.1)
+        return batches
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def serve_env(
+    name: str, server: ScriptedServer, broker: BrokerServer, tmp: Path, *flags: str
+) -> subprocess.Popen[bytes]:
+    """``python environments/<name>/env.py serve ...`` in the background."""
+    args = [
+        sys.executable, str(ENVIRONMENTS / name / "env.py"), "serve",
+        f"--openai.base_url={server.url}/v1", "--openai.model_name=scripted",
+        "--openai.api_key=x", f"--env.tokenizer_name={tokenizer_path()}",
+        f"--env.rollout_server_url={broker.url}", "--no-env.use_wandb", *flags,
+    ]  # fmt: skip
+    log = (tmp / f"serve-{name}.log").open("wb")
+    return subprocess.Popen(args, cwd=tmp, env=child_env(), stdout=log, stderr=subprocess.STDOUT)

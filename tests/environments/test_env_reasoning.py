@@ -1,0 +1,140 @@
+"""reasoning_gym and letter_counting: scoring tables, config checks, ``process`` end to end."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import reasoning_gym
+from envcat_testlib import ENVIRONMENTS, load_env_module, process_groups, run_env
+
+rg_env = load_env_module("reasoning_gym")
+lc_env = load_env_module("letter_counting")
+
+ENTRY_DS = reasoning_gym.create_dataset("basic_arithmetic", size=1, seed=3, max_terms=2)
+ENTRY = ENTRY_DS[0]
+RIGHT = ENTRY["answer"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        (f"<answer>{RIGHT}</answer>", 1.2),  # right and well formed
+        (f"<think>easy</think><answer>{RIGHT}</answer>", 1.2),
+        (f"The answer: <answer>{RIGHT}</answer>", 1.0),  # right, extra text: no format bonus
+        ("<answer>abc</answer>", 0.2),  # wrong, well formed
+        (RIGHT, 0.0),  # right number but no tags
+        ("<answer></answer>", 0.2),  # empty answer
+        ("", 0.0),  # empty reply
+        (f"<think><answer>{RIGHT}</answer></think>", 0.0),  # adversarial: answer hidden in think
+        (f"<answer>{RIGHT}</answer><answer>1</answer>", 0.0),  # adversarial: two answers, last wins
+    ],
+)
+def test_reasoning_gym_score_table(reply: str, score: float) -> None:
+    assert rg_env.score_reply(reply, ENTRY, ENTRY_DS, 0.2) == pytest.approx(score)
+
+
+WRONG = str(int(float(RIGHT)) + 1)
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        (f"So the result is {RIGHT}.", 1.0),  # no tags: the final number is graded
+        (f"It is {WRONG}, no wait, {RIGHT}", 1.0),  # the last number counts
+        (f"{RIGHT} plus nothing gives {WRONG}", 0.0),
+        (f"<answer>{RIGHT}</answer>", 1.5),  # a tag still earns the format weight
+        (f"{RIGHT} <answer>{WRONG}</answer>", 0.0),  # a tag wins over loose numbers
+        ("no number at all", 0.0),
+    ],
+)
+def test_reasoning_gym_lenient_grading_reads_the_final_number(reply: str, score: float) -> None:
+    assert rg_env.score_reply(reply, ENTRY, ENTRY_DS, 0.5, lenient=True) == pytest.approx(score)
+
+
+def test_reasoning_gym_config_rejects_unknown_tasks_with_a_fix() -> None:
+    with pytest.raises(ValueError, match="basic_arithmetic"):
+        rg_env.ReasoningGymConfig(tasks={"basic_arithmetik": 1.0})
+    with pytest.raises(ValueError, match="weights must be > 0"):
+        rg_env.ReasoningGymConfig(tasks={"basic_arithmetic": 0.0})
+
+
+async def test_reasoning_gym_mix_follows_weights_and_difficulty() -> None:
+    config = rg_env.ReasoningGymConfig(
+        tasks={"basic_arithmetic": 3.0, "letter_counting": 1.0},
+        task_configs={"basic_arithmetic": {"min_digits": 3, "max_digits": 3, "max_terms": 2}},
+        dataset_size=50,
+        eval_size=2,
+    )
+    env = object.__new__(rg_env.ReasoningGymEnv)
+    env.config = config
+    await rg_env.ReasoningGymEnv.setup(env)
+    items = [await rg_env.ReasoningGymEnv.get_next_item(env) for _ in range(400)]
+    share = sum(i["task"] == "basic_arithmetic" for i in items) / len(items)
+    assert 0.68 < share < 0.82
+    arithmetic = [i["entry"] for i in items if i["task"] == "basic_arithmetic"]
+    assert all(e["metadata"]["num_digits"] == 3 for e in arithmetic)
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("<answer>3</answer>", 1.2),
+        ("<answer> 3 </answer>", 1.2),
+        ("<answer>3.0</answer>", 1.2),
+        ("<think>s-t-r</think><answer>3</answer>", 1.2),
+        ("<answer>2</answer>", 0.2),
+        ("<answer>three</answer>", 0.2),
+        ("3", 0.0),
+        ("", 0.0),
+        ("<answer>3</answer> or <answer>2</answer>", 0.0),
+        ("<answer>3", 0.0),
+    ],
+)
+def test_letter_count_reward_table(reply: str, score: float) -> None:
+    assert lc_env.letter_count_reward([reply], ["3"]) == [pytest.approx(score)]
+
+
+def test_letter_questions_are_right_and_follow_difficulty() -> None:
+    config = lc_env.LetterCountingConfig(min_words=3, max_words=3, random_words=True)
+    rng = random.Random(5)
+    for _ in range(50):
+        row = lc_env.make_question(rng, config)
+        letter, text = row["question"].split("'")[1], row["question"].split("'")[3]
+        assert len(text.split()) == 3
+        assert row["answer"] == str(text.count(letter))
+
+
+@pytest.mark.slow
+def test_reasoning_gym_process_end_to_end(scripted, tmp_path: Path) -> None:
+    dataset = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=0)
+    rules = [
+        {"when": entry["question"], "replies": [f"<answer>{entry['answer']}</answer>",
+                                                  entry["answer"], "<answer>99999</answer>", ""]}
+        for entry in dataset
+    ]  # fmt: skip
+    server = scripted(rules)
+    groups = process_groups("reasoning_gym", server, tmp_path, "--env.group_size=4",
+                            "--env.dataset_size=2", "--env.eval_size=1")  # fmt: skip
+    assert [g["scores"] for g in groups] == [[1.2, 0.0, 0.2, 0.0]] * 2
+    asked = {g["messages"][0][1]["content"] for g in groups}
+    assert asked == {entry["question"] for entry in dataset}
+
+
+@pytest.mark.slow
+def test_letter_counting_process_and_evaluate(scripted, tmp_path: Path) -> None:
+    server = scripted([{"when": "'e' appear in 'pepper'", "replies": ["<answer>2</answer>", "2"]},
+                       {"when": "", "replies": ["<answer>1</answer>"]}])  # fmt: skip
+    groups = process_groups("letter_counting", server, tmp_path, "--env.group_size=2")
+    pepper = [g for g in groups if "'pepper'" in g["messages"][0][1]["content"]]
+    assert [g["scores"] for g in pepper] == [[1.2, 0.0]]
+    done = run_env("letter_counting", "evaluate", server, tmp_path, "--env.eval_size=5",
+                   f"--env.data_dir_to_save_evals={tmp_path / 'ev'}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "eval/accuracy" in (tmp_path / "ev" / "metrics.json").read_text()
+
+
+def test_configs_parse(tmp_path: Path) -> None:
+    for name in ("reasoning_gym", "letter_counting"):
+        assert (ENVIRONMENTS / name / "config.yaml").exists()

@@ -1,0 +1,63 @@
+"""Starting and stopping a real embedded inference server process for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+SERVED_NAME = "smol"
+SERVER_FLAGS = ("--threads", os.environ.get("ATROPOS_TEST_TORCH_THREADS", "1"))
+"""One torch thread: on a 2-core machine shared with other test processes, more threads spin."""
+
+
+@dataclass
+class RunningServer:
+    url: str
+    model_path: Path
+    process: subprocess.Popen[bytes]
+    name: str = SERVED_NAME
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(
+    model_path: Path, env: dict[str, str], log_path: Path, *extra: str
+) -> RunningServer:
+    port = free_port()
+    command = [sys.executable, "-m", "atroposlib.inference", "--model", str(model_path)]
+    command += ["--port", str(port), "--served-model-name", SERVED_NAME, *extra]
+    log = open(log_path, "wb")  # noqa: SIM115 - the child process owns it
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return RunningServer(url, model_path, process)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"server did not become healthy: {log_path.read_text()}")
+
+
+def stop_server(server: RunningServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()

@@ -1,0 +1,78 @@
+"""The command line (exit 2 on bad flags) and bearer-token auth (app in-process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atroposlib.inference import InferenceSettings, create_app
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "atroposlib.inference", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--model", "/no/such/model"], "--model"),
+        (["--port", "not-a-port"], "--port"),
+        (["--device", "tpu"], "--device"),
+        (["--max-batch-size", "0"], "--max-batch-size"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(
+    args: list[str], named: str, subprocess_env: dict[str, str], test_model_path: Path
+) -> None:
+    if "--model" not in args:
+        args = ["--model", str(test_model_path), *args]
+    result = run_cli(*args, env=subprocess_env)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr.strip().splitlines()[-1]
+
+
+def test_help_lists_every_setting(subprocess_env: dict[str, str]) -> None:
+    result = run_cli("--help", env=subprocess_env)
+    assert result.returncode == 0
+    for flag in ("--model", "--port", "--device", "--dtype", "--max-batch-size", "--api-key"):
+        assert flag in result.stdout
+
+
+def test_settings_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, test_model_path: Path
+) -> None:
+    monkeypatch.setenv("ATROPOS_INFERENCE_MAX_BATCH_SIZE", "3")
+    settings = InferenceSettings(model=str(test_model_path))
+    assert settings.max_batch_size == 3
+    assert settings.model_name == str(test_model_path)
+
+
+@pytest.fixture
+async def guarded(test_model_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = InferenceSettings(model=str(test_model_path), api_key="s3cret")
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+@pytest.mark.model
+async def test_api_key_guards_everything_but_health(guarded: httpx.AsyncClient) -> None:
+    assert (await guarded.get("/health")).status_code == 200
+    for path in ("/v1/models", "/generate", "/update_weights_from_disk", "/v1/completions"):
+        method = guarded.get if path == "/v1/models" else guarded.post
+        response = await method(path)  # type: ignore[operator]
+        assert response.status_code == 401, path
+        assert "Bearer" in response.json()["detail"]
+    wrong = await guarded.get("/v1/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    right = await guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+    assert right.status_code == 200
+    assert right.json()["data"][0]["id"].endswith("SmolLM2-135M-Instruct")

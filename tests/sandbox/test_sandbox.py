@@ -1,0 +1,256 @@
+"""The sandbox contains hostile programs and reports each with the right status."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from atroposlib.errors import SandboxError
+from atroposlib.sandbox import (
+    Isolation,
+    SandboxLimits,
+    SandboxStatus,
+    arun_python,
+    detect_isolation,
+    run_python,
+)
+
+FAST = SandboxLimits(cpu_seconds=1, wall_seconds=2, memory_mb=256, output_bytes=4096)
+BOTH = [Isolation.AUDIT_HOOK, detect_isolation()]
+MODES = sorted(set(BOTH), key=lambda mode: mode.value)
+
+
+def _sandbox_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("atropos-sandbox-" in part for part in proc.info["cmdline"] or ()):
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    yield
+    deadline = time.monotonic() + 2
+    while _sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_processes() == []
+
+
+@pytest.mark.parametrize("isolation", MODES)
+@pytest.mark.parametrize(
+    ("code", "status", "stdout"),
+    [
+        ("print('hi')", SandboxStatus.OK, "hi\n"),
+        ("x = 1", SandboxStatus.OK, ""),
+        ("import sys; sys.exit(0)", SandboxStatus.OK, ""),
+        ("def f(:\n    pass", SandboxStatus.SYNTAX_ERROR, ""),
+        ("if True:\nprint(1)", SandboxStatus.SYNTAX_ERROR, ""),
+        ("print('a')\nraise ValueError('boom')", SandboxStatus.RUNTIME_ERROR, "a\n"),
+        ("import sys; sys.exit(3)", SandboxStatus.RUNTIME_ERROR, ""),
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+            SandboxStatus.RUNTIME_ERROR,
+            "",
+        ),
+        ("while True:\n    pass", SandboxStatus.TIMEOUT, ""),
+        ("import time; time.sleep(60)", SandboxStatus.TIMEOUT, ""),
+        ("x = bytearray(10 * 1024**3)", SandboxStatus.MEMORY, ""),
+        ("x = [0] * (10**10)", SandboxStatus.MEMORY, ""),
+    ],
+)
+def test_status_of_each_kind_of_program(isolation, code, status, stdout):
+    result = run_python(code, limits=FAST, isolation=isolation)
+    assert result.status is status, result.stderr_tail
+    assert result.stdout == stdout
+    assert result.isolation is isolation
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_one_gigabyte_of_output_is_cut_off(isolation):
+    code = "import sys\nchunk = 'x' * 2**20\nfor _ in range(1024):\n    sys.stdout.write(chunk)"
+    started = time.monotonic()
+    result = run_python(code, limits=FAST, isolation=isolation)
+    assert result.status is SandboxStatus.OUTPUT_LIMIT
+    assert len(result.stdout) == FAST.output_bytes
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_stderr_flood_is_cut_off_and_only_its_tail_kept(isolation):
+    code = "import sys\nwhile True:\n    sys.stderr.write('e' * 4096)"
+    result = run_python(code, limits=FAST, isolation=isolation)
+    assert result.status is SandboxStatus.OUTPUT_LIMIT
+    assert 0 < len(result.stderr_tail) <= FAST.stderr_tail_bytes
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_fork_bomb_is_contained_and_leaves_nothing(isolation):
+    code = "import os\nwhile True:\n    os.fork()"
+    result = run_python(code, limits=FAST, isolation=isolation)
+    assert result.status in (SandboxStatus.TIMEOUT, SandboxStatus.RUNTIME_ERROR)
+    assert result.duration_s < FAST.wall_seconds + 1  # the autouse fixture checks nothing is left
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_daemonised_child_does_not_outlive_the_run(isolation):
+    code = textwrap.dedent(
+        """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(30)
+        print("parent done")
+        """
+    )
+    result = run_python(code, limits=FAST, isolation=isolation)
+    if isolation is Isolation.AUDIT_HOOK:
+        assert result.status is SandboxStatus.RUNTIME_ERROR  # the audit hook refuses fork
+        assert "blocked by the sandbox: os.fork" in result.stderr_tail
+    else:
+        assert result.status is SandboxStatus.OK
+        assert result.stdout == "parent done\n"
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_socket_to_the_host_is_refused(isolation):
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(3)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        with contextlib.suppress(TimeoutError):
+            accepted.append(server.accept())
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    code = (
+        f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        "print('in')"
+    )
+    result = run_python(code, limits=FAST, isolation=isolation)
+    thread.join()
+    server.close()
+    assert result.status is SandboxStatus.RUNTIME_ERROR
+    assert result.stdout == ""
+    assert accepted == []
+
+
+def test_files_outside_the_working_directory_are_unreadable_and_untouched(tmp_path: Path):
+    isolation = detect_isolation()
+    assert isolation is Isolation.NAMESPACES or os.geteuid() != 0, (
+        "no namespaces and running as root: the sandbox cannot protect files on this host"
+    )
+    keep = tmp_path / "keep.txt"
+    keep.write_text("precious")
+    code = textwrap.dedent(
+        f"""
+        import os
+        for action in (lambda: os.remove({str(keep)!r}),
+                       lambda: os.remove({__file__!r}),
+                       lambda: os.rename({str(tmp_path)!r}, {str(tmp_path) + "-moved"!r}),
+                       lambda: open({str(tmp_path / "new.txt")!r}, 'w').write('x'),
+                       lambda: open({str(keep)!r}, 'a').write('x')):
+            try:
+                action()
+                print('escaped')
+            except OSError:
+                pass
+        for secret in ({str(keep)!r}, os.path.expanduser("~root/.bash_history")):
+            try:
+                print("read", open(secret).read())
+            except OSError:
+                pass
+        open('inside.txt', 'w').write('fine')
+        print(open('inside.txt').read())
+        """
+    )
+    result = run_python(code, limits=FAST, isolation=isolation)
+    assert result.status is SandboxStatus.OK
+    assert result.stdout == "fine\n"
+    assert keep.read_text() == "precious"
+    assert Path(__file__).is_file() and tmp_path.is_dir()
+    assert not (tmp_path / "new.txt").exists()
+
+
+def test_file_size_limit_turns_a_huge_write_into_an_error():
+    limits = FAST.model_copy(update={"file_size_mb": 1})
+    code = "open('big', 'wb').write(b'x' * (4 * 2**20))"
+    result = run_python(code, limits=limits)
+    assert result.status is SandboxStatus.RUNTIME_ERROR
+    assert "File too large" in result.stderr_tail
+
+
+def test_test_case_mode_reports_each_test():
+    code = "def add(a, b):\n    return a + b"
+    tests = [
+        "assert add(1, 2) == 3",
+        "assert add(2, 2) == 5",
+        "while True: pass",
+        "assert add(0, 0) == 0",
+    ]
+    limits = FAST.model_copy(update={"test_seconds": 0.5})
+    result = run_python(code, tests=tests, limits=limits)
+    assert result.status is SandboxStatus.OK
+    assert result.tests_passed == [True, False, False, True]
+    assert result.pass_rate == 0.5
+
+
+def test_test_report_cannot_be_forged_by_the_program():
+    code = textwrap.dedent(
+        """
+        import os, json
+        for fd in range(3, 20):
+            try:
+                os.write(fd, json.dumps({'nonce': 'x', 'passed': [True]}).encode())
+            except OSError:
+                pass
+        os._exit(0)
+        """
+    )
+    result = run_python(code, tests=["assert False"], limits=FAST)
+    assert result.tests_passed == [False]
+
+
+def test_syntax_error_in_test_case_mode_is_a_syntax_error():
+    result = run_python("def f(:", tests=["assert f()"], limits=FAST)
+    assert result.status is SandboxStatus.SYNTAX_ERROR
+    assert result.pass_rate == 0.0
+
+
+async def test_async_runs_overlap():
+    started = time.monotonic()
+    import asyncio
+
+    results = await asyncio.gather(
+        *(arun_python("import time; time.sleep(1); print(1)") for _ in range(4))
+    )
+    assert [r.stdout for r in results] == ["1\n"] * 4
+    assert time.monotonic() - started < 3.5
+
+
+def test_stdin_is_given_to_the_program():
+    result = run_python("print(input()[::-1])", stdin="abc\n", limits=FAST)
+    assert result.stdout == "cba\n"
+
+
+def test_isolation_can_be_forced_by_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    detect_isolation.cache_clear()
+    monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", "audit_hook")
+    try:
+        assert detect_isolation() is Isolation.AUDIT_HOOK
+        monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", "chroot")
+        detect_isolation.cache_clear()
+        with pytest.raises(SandboxError, match="use one of namespaces, audit_hook"):
+            detect_isolation()
+    finally:
+        detect_isolation.cache_clear()

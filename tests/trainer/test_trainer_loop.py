@@ -1,0 +1,161 @@
+"""The training loop on the tiny model: learning, SFT, micro-batching, resume, LoRA, KL."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_helpers import (
+    ListClient,
+    base_args,
+    fixed,
+    make_batch,
+    make_group,
+    state_dict_of,
+    with_model_logprobs,
+)
+
+from example_trainer.config import load_config
+from example_trainer.train import train
+
+
+def test_steps_on_a_fixed_batch_lower_the_loss(tiny_model: Path, tmp_path: Path) -> None:
+    batch = with_model_logprobs(tiny_model, make_batch(seed=1))
+    args = base_args(tiny_model, tmp_path, "--num_steps", "6", "--save_interval", "100")
+    cfg = load_config([*args, "--loss.behavior_logprobs", "inference", "--lr", "3e-3"])
+    client = ListClient(fixed(batch))
+    history = train(cfg, client)
+    losses = [row["train/loss"] for row in history]
+    assert losses[-1] < losses[0] - 0.05, losses
+    assert history[0]["train/mismatch_kl"] == pytest.approx(0.0, abs=1e-6)  # on-policy start
+    assert history[-1]["train/mismatch_kl"] > 1e-4  # the policy moved away from the sampler
+    assert client.acks == [6] and client.registrations[0].acknowledges
+
+
+def test_sft_rows_train_with_plain_nll(tiny_model: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    groups = [make_group(rng, [1.0], group_overrides={"sft": True}) for _ in range(3)]
+    groups = with_model_logprobs(tiny_model, groups)  # the model's own logprobs = -NLL
+    nll = [-lp[6:] for g in groups for lp in g["inference_logprobs"]]  # prompt_len 6
+    expected = float(np.concatenate(nll).mean())
+    cfg = load_config(base_args(tiny_model, tmp_path, "--num_steps", "2", "--batch_size", "3"))
+    history = train(cfg, ListClient(fixed(groups)))
+    assert history[0]["train/loss"] == pytest.approx(expected, rel=1e-4)
+    assert history[0]["train/sft_nll"] == pytest.approx(expected, rel=1e-4)
+    assert history[1]["train/loss"] < history[0]["train/loss"]  # NLL went down
+
+
+def test_micro_batching_does_not_change_the_update(tiny_model: Path, tmp_path: Path) -> None:
+    batch = make_batch(seed=2)
+    outs = []
+    for budget in ("64", "4096"):
+        save = tmp_path / budget
+        args = base_args(tiny_model, save, "--num_steps", "1", "--micro_batch_tokens", budget)
+        history = train(load_config(args), ListClient(fixed(batch)))
+        outs.append((history[0]["train/loss"], state_dict_of(save / "step-1")))
+    (loss_a, sd_a), (loss_b, sd_b) = outs
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    start = state_dict_of(tiny_model)
+    for key in sd_a:  # Adam steps are ~lr = 1e-3; summation order moves them by < 1e-5
+        torch.testing.assert_close(sd_a[key], sd_b[key], atol=1e-5, rtol=0)
+    assert max((sd_a[k] - start[k]).abs().max().item() for k in sd_a) > 5e-4
+
+
+def test_resume_reproduces_the_next_step_exactly(tiny_model: Path, tmp_path: Path) -> None:
+    batches = lambda step: make_batch(seed=100 + step)  # noqa: E731  (the broker's data by step)
+    args = base_args(tiny_model, tmp_path / "a", "--num_steps", "3", "--save_interval", "1")
+    args += ["--lr_schedule", "cosine", "--warmup_steps", "1"]
+    straight = ListClient(batches)
+    train(load_config(args), straight)
+    # a second run that stopped after step 2: resume from that checkpoint in a fresh folder
+    shutil.copytree(tmp_path / "a" / "step-2", tmp_path / "b" / "step-2")
+    resumed = ListClient(batches)
+    resumed_args = [*args, "--save_dir", str(tmp_path / "b"), "--resume", "auto"]
+    history = train(load_config(resumed_args), resumed)
+    assert resumed.registrations[0].starting_step == 2 and len(history) == 1
+    assert history[0]["train/step"] == 3.0
+    a, b = state_dict_of(tmp_path / "a" / "step-3"), state_dict_of(tmp_path / "b" / "step-3")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    state_a = torch.load(tmp_path / "a" / "step-3" / "trainer_state.pt", weights_only=False)
+    state_b = torch.load(tmp_path / "b" / "step-3" / "trainer_state.pt", weights_only=False)
+    assert state_a["scheduler"] == state_b["scheduler"]
+    assert torch.equal(state_a["rng"]["torch"], state_b["rng"]["torch"])
+
+
+def test_kl_to_frozen_reference_starts_at_zero(tiny_model: Path, tmp_path: Path) -> None:
+    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--loss.kl_coef", "0.5")
+    history = train(load_config(args), ListClient(fixed(make_batch(seed=3))))
+    assert history[0]["train/ref_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert history[1]["train/ref_kl"] > 0.0
+
+
+def test_lora_trains_adapters_and_resumes(tiny_model: Path, tmp_path: Path) -> None:
+    lora = ["--lora.enabled", "--lora.r", "4", "--loss.kl_coef", "0.1", "--lr", "1e-2"]
+    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--save_interval", "1", *lora)
+    history = train(load_config(args), ListClient(fixed(make_batch(seed=4))))
+    assert history[0]["train/ref_kl"] == pytest.approx(0.0, abs=1e-7)  # adapters start at 0
+    assert history[1]["train/ref_kl"] > 0.0  # reference = base model with adapters off
+    assert (tmp_path / "step-2" / "adapter_model.safetensors").is_file()
+    resumed = ListClient(fixed(make_batch(seed=4)))
+    more = train(load_config([*args, "--num_steps", "3", "--resume", "auto"]), resumed)
+    assert resumed.registrations[0].starting_step == 2 and len(more) == 1
+    assert math.isfinite(more[0]["train/loss"])
+
+
+def test_a_batch_with_nothing_to_train_leaves_the_weights(tiny_model: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    flat = [make_group(np.random.default_rng(i), [1.0] * 4) for i in range(2)]  # zero variance
+    batches = {1: make_batch(seed=11), 2: flat}
+    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--save_interval", "1")
+    history = train(load_config(args), ListClient(lambda step: batches[step]))
+    assert history[1]["train/skipped"] == 1.0 and history[1]["train/zero_variance_groups"] == 2
+    a, b = state_dict_of(tmp_path / "step-1"), state_dict_of(tmp_path / "step-2")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # AdamW momentum did not move them
+
+
+def test_gradient_checkpointing_keeps_the_update(tiny_model: Path, tmp_path: Path) -> None:
+    batch = make_batch(seed=12)
+    for name, flags in (("ref", []), ("ckpt", ["--gradient_checkpointing"])):
+        args = base_args(tiny_model, tmp_path / name, "--num_steps", "1", *flags)
+        train(load_config(args), ListClient(fixed(batch)))
+    a, b = state_dict_of(tmp_path / "ref" / "step-1"), state_dict_of(tmp_path / "ckpt" / "step-1")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+
+
+def test_bf16_autocast_is_close_to_fp32(tiny_model: Path, tmp_path: Path) -> None:
+    batch = make_batch(seed=12)
+    rows = []
+    for name, flags in (("fp32", ["--precision", "fp32"]), ("bf16", ["--precision", "bf16"])):
+        args = base_args(tiny_model, tmp_path / name, "--num_steps", "1", *flags)
+        rows.append(train(load_config(args), ListClient(fixed(batch)))[0])
+    fp32, bf16 = rows
+    assert bf16["train/entropy"] != fp32["train/entropy"]  # autocast did run in bf16
+    assert bf16["train/entropy"] == pytest.approx(fp32["train/entropy"], rel=1e-2)
+    assert bf16["train/grad_norm"] == pytest.approx(fp32["train/grad_norm"], rel=5e-2)
+
+
+def test_broker_outages_are_waited_out(tiny_model: Path, tmp_path: Path) -> None:
+    from atroposlib.errors import BrokerUnavailableError
+
+    class Flaky(ListClient):
+        failures = 1
+
+        def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise BrokerUnavailableError("broker at http://x unreachable")
+            return super().wait_for_batch(poll_interval, timeout)
+
+    args = base_args(tiny_model, tmp_path, "--num_steps", "1", "--broker_patience_s", "30")
+    history = train(load_config(args), Flaky(fixed(make_batch(seed=13))))
+    assert len(history) == 1
+    with pytest.raises(BrokerUnavailableError):  # past the patience: the error surfaces
+        train(load_config([*args, "--broker_patience_s", "0"]), Flaky(fixed(make_batch())))
