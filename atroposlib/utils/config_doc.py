@@ -12,7 +12,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from pydantic import BaseModel
@@ -61,13 +61,25 @@ def render_markdown(sections: Sequence[tuple[str, type[BaseModel], str]]) -> str
         if doc:
             parts.append(f" — {doc[0]}")
         parts.append("\n\n| flag | type | default | description |\n|---|---|---|---|\n")
-        for name, info in model.model_fields.items():
+        for name, info in _flat_fields(model):
             flag = flag_pattern.format(name=name, kebab=name.replace("_", "-"))
             parts.append(
                 f"| `{flag}` | {_escape(_type_name(info.annotation))} | "
                 f"{_escape(_default(info))} | {_escape(info.description or '')} |\n"
             )
     return "".join(parts)
+
+
+def _flat_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, FieldInfo]]:
+    """Every field as (dotted name, info); a nested model's fields become ``outer.inner``."""
+    rows: list[tuple[str, FieldInfo]] = []
+    for name, info in model.model_fields.items():
+        nested = info.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            rows.extend(_flat_fields(nested, f"{prefix}{name}."))
+        else:
+            rows.append((f"{prefix}{name}", info))
+    return rows
 
 
 def documented_sections() -> list[tuple[str, type[BaseModel], str]]:
@@ -101,6 +113,8 @@ def _default(info: FieldInfo) -> str:
     if info.default is PydanticUndefined:
         return "required"
     value = info.default.value if isinstance(info.default, enum.Enum) else info.default
+    if isinstance(value, PurePath):
+        value = str(value)
     return f"`{value!r}`"
 
 

@@ -1,5 +1,6 @@
 """CONFIG.md lists every field of every settings model, and is regenerated from the code."""
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -36,3 +37,27 @@ def test_committed_config_md_is_up_to_date() -> None:
     assert committed == expected, (
         "CONFIG.md is out of date: run `python -m atroposlib.utils.config_doc > CONFIG.md`"
     )
+
+
+class _Inner(BaseModel):
+    clip_eps_high: float = Field(default=0.2, description="Upper clip.")
+    enabled: bool = False
+
+
+class _Outer(BaseModel):
+    """Outer settings."""
+
+    lr: float = Field(default=1e-6, description="Learning rate.")
+    save_dir: Path = Field(default=Path("ckpt"), description="Where.")
+    loss: _Inner = Field(default_factory=_Inner, description="Loss options.")
+
+
+def test_nested_models_become_dotted_flags() -> None:
+    text = config_doc.render_markdown([("Outer", _Outer, "--{name}")])
+    rows = [line for line in text.splitlines() if line.startswith("| `--")]
+    assert rows == [
+        "| `--lr` | float | `1e-06` | Learning rate. |",
+        "| `--save_dir` | Path | `'ckpt'` | Where. |",
+        "| `--loss.clip_eps_high` | float | `0.2` | Upper clip. |",
+        "| `--loss.enabled` | bool | `False` |  |",
+    ]

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.errors import ConfigError
@@ -59,36 +60,122 @@ def _expand_one(pattern: str) -> list[str]:
     return out
 
 
-def slurm_inference_urls(environ: Mapping[str, str]) -> list[str]:
-    """One URL per inference server on the job's inference nodes (those after the trainer's).
+@dataclass(frozen=True)
+class InferenceServer:
+    """One inference server of a job: where it listens and which GPUs of its node it uses."""
 
-    Env vars: ``NUM_TRAINING_NODES`` (default 1), ``INFER_TP`` (GPUs per server, default 1),
-    ``GPUS_PER_NODE`` (default ``SLURM_GPUS_ON_NODE`` or 8). A server whose TP spans several
-    nodes is reached on the first node of its span.
+    node: str
+    port: int
+    gpus: tuple[int, ...]
+    span: tuple[str, ...]
+
+    @property
+    def base_url(self) -> str:
+        """The server's root (health, weight reload): ``http://node:port``."""
+        return f"http://{self.node}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-compatible base URL environments use: ``http://node:port/v1``."""
+        return f"{self.base_url}/v1"
+
+
+def plan_inference_servers(
+    nodes: Sequence[str],
+    *,
+    training_nodes: int = 1,
+    tp: int = 1,
+    gpus_per_node: int = 8,
+    port: int = FIRST_INFERENCE_PORT,
+    skip_gpus: int = 0,
+) -> list[InferenceServer]:
+    """Place data-parallel inference servers of ``tp`` GPUs each on the job's nodes.
+
+    The first ``training_nodes`` nodes belong to the trainer (0: the trainer shares node 0).
+    On every other node the first ``skip_gpus`` GPUs are left out (for a co-located trainer)
+    and the rest hold ``(gpus_per_node - skip_gpus) // tp`` servers on ports ``port``,
+    ``port + 1``... A server whose TP exceeds a node spans ``ceil(tp / gpus_per_node)`` whole
+    nodes and is reached on the first of them.
+
+    >>> [s.url for s in plan_inference_servers(["a", "b"], tp=4, gpus_per_node=8)]
+    ['http://b:9000/v1', 'http://b:9001/v1']
+    >>> plan_inference_servers(["a"], training_nodes=0, tp=2, gpus_per_node=4, skip_gpus=2)
+    [InferenceServer(node='a', port=9000, gpus=(2, 3), span=('a',))]
     """
-    nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
-    training = int(environ.get("NUM_TRAINING_NODES", "1"))
-    tp = int(environ.get("INFER_TP", "1"))
-    gpus = int(environ.get("GPUS_PER_NODE", environ.get("SLURM_GPUS_ON_NODE", "8")))
-    if tp < 1 or gpus < 1:
-        raise ConfigError("INFER_TP and GPUS_PER_NODE must be >= 1")
-    inference_nodes = nodes[training:]
+    if tp < 1 or gpus_per_node < 1 or training_nodes < 0 or not 0 <= skip_gpus < gpus_per_node:
+        raise ConfigError(
+            f"need INFER_TP >= 1, GPUS_PER_NODE >= 1, NUM_TRAINING_NODES >= 0 and "
+            f"0 <= INFER_SKIP_GPUS < GPUS_PER_NODE (got tp={tp}, gpus_per_node={gpus_per_node}, "
+            f"training_nodes={training_nodes}, skip_gpus={skip_gpus})"
+        )
+    inference_nodes = list(nodes[training_nodes:])
     if not inference_nodes:
         raise ConfigError(
-            f"SLURM job has {len(nodes)} nodes and NUM_TRAINING_NODES={training}: "
+            f"SLURM job has {len(nodes)} nodes and NUM_TRAINING_NODES={training_nodes}: "
             "no node is left for inference; lower NUM_TRAINING_NODES or add nodes"
         )
-    urls: list[str] = []
-    if tp <= gpus:
+    usable = gpus_per_node - skip_gpus
+    servers: list[InferenceServer] = []
+    if tp <= usable:
+        if usable % tp:
+            logger.warning("%d GPUs per node stay idle: %d is not a multiple of TP %d",
+                           usable % tp, usable, tp)  # fmt: skip
         for node in inference_nodes:
-            urls.extend(f"http://{node}:{FIRST_INFERENCE_PORT + i}/v1" for i in range(gpus // tp))
-    else:
-        span = -(-tp // gpus)
-        for first in range(0, len(inference_nodes) - span + 1, span):
-            urls.append(f"http://{inference_nodes[first]}:{FIRST_INFERENCE_PORT}/v1")
-    if not urls:
-        raise ConfigError(f"INFER_TP={tp} needs more inference nodes than the job has")
-    return urls
+            for i in range(usable // tp):
+                first = skip_gpus + i * tp
+                servers.append(InferenceServer(node, port + i, tuple(range(first, first + tp)),
+                                               (node,)))  # fmt: skip
+        return servers
+    if skip_gpus:
+        raise ConfigError(
+            f"INFER_TP={tp} needs whole nodes, but INFER_SKIP_GPUS={skip_gpus} keeps GPUs back; "
+            "set INFER_SKIP_GPUS=0 or lower INFER_TP"
+        )
+    span = -(-tp // gpus_per_node)
+    for first in range(0, len(inference_nodes) - span + 1, span):
+        nodes_of_server = tuple(inference_nodes[first : first + span])
+        servers.append(
+            InferenceServer(nodes_of_server[0], port, tuple(range(gpus_per_node)), nodes_of_server)
+        )
+    if not servers:
+        raise ConfigError(
+            f"INFER_TP={tp} spans {span} nodes of {gpus_per_node} GPUs, but only "
+            f"{len(inference_nodes)} inference node(s) are left; add nodes or lower INFER_TP"
+        )
+    return servers
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer; set it to a whole number") from None
+
+
+def plan_from_environ(environ: Mapping[str, str]) -> list[InferenceServer]:
+    """``plan_inference_servers`` from the job's variables.
+
+    ``SLURM_JOB_NODELIST``; ``NUM_TRAINING_NODES`` (default 1); ``INFER_TP`` (GPUs per server,
+    default 1); ``GPUS_PER_NODE`` (default ``SLURM_GPUS_ON_NODE``, else 8); ``INFER_PORT``
+    (first port, default 9000); ``INFER_SKIP_GPUS`` (default 0).
+    """
+    gpus_default = _int_var(environ, "SLURM_GPUS_ON_NODE", 8)
+    return plan_inference_servers(
+        expand_nodelist(environ.get("SLURM_JOB_NODELIST", "")),
+        training_nodes=_int_var(environ, "NUM_TRAINING_NODES", 1),
+        tp=_int_var(environ, "INFER_TP", 1),
+        gpus_per_node=_int_var(environ, "GPUS_PER_NODE", gpus_default),
+        port=_int_var(environ, "INFER_PORT", FIRST_INFERENCE_PORT),
+        skip_gpus=_int_var(environ, "INFER_SKIP_GPUS", 0),
+    )
+
+
+def slurm_inference_urls(environ: Mapping[str, str]) -> list[str]:
+    """One ``http://node:port/v1`` per inference server of the job (see ``plan_from_environ``)."""
+    return [server.url for server in plan_from_environ(environ)]
 
 
 def resolve_server_configs(
@@ -124,3 +211,9 @@ def resolve_server_configs(
         logger.info("SLURM: %d inference servers discovered", len(urls))
         return [configs[0].model_copy(update={"base_url": url}) for url in urls]
     return configs
+
+
+if __name__ == "__main__":
+    from atroposlib.cli.slurm_plan import main
+
+    raise SystemExit(main())
