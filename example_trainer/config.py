@@ -11,7 +11,7 @@ import contextvars
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +28,8 @@ _YAML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml",
 
 class LossConfig(BaseModel):
     """GRPO loss variants; each is a switch (see example_trainer/README.md for the papers)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     advantage_baseline: Literal["group_mean", "leave_one_out"] = Field(
         "group_mean", description="Baseline subtracted from a score: group mean or RLOO."
@@ -94,6 +96,8 @@ class LossConfig(BaseModel):
 class LoraConfig(BaseModel):
     """LoRA through peft; the base model stays frozen."""
 
+    model_config = ConfigDict(extra="forbid")
+
     enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
     r: int = Field(16, gt=0, description="LoRA rank.")
     alpha: int = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
@@ -108,6 +112,8 @@ class LoraConfig(BaseModel):
 
 
 class WandbConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     enabled: bool = Field(False, description="Log metrics to Weights & Biases.")
     project: str = Field("atroposlib", description="wandb project (also sent to the broker).")
     group: str | None = Field(None, description="wandb group (also sent to the broker).")

@@ -26,3 +26,12 @@ def test_metrics_file_only_on_rank_zero(tmp_path: Path) -> None:
     tracker.finish()
     assert json.loads((tmp_path / "m.jsonl").read_text())["x"] == 1.0
     assert isinstance(make_tracker(load_config([]), rank=0), NullTracker)
+
+
+def test_a_misspelt_nested_option_is_refused_with_its_name() -> None:
+    import pytest
+
+    from atroposlib.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="clip_eps_hi"):
+        load_config(["--loss.clip_eps_hi", "0.3"])
