@@ -81,7 +81,8 @@ def test_one_gigabyte_of_output_is_cut_off(isolation):
     result = run_python(code, limits=FAST, isolation=isolation)
     assert result.status is SandboxStatus.OUTPUT_LIMIT
     assert len(result.stdout) == FAST.output_bytes
-    assert time.monotonic() - started < 3
+    # stopped at the cap, long before 1 GB went through (slack for a loaded machine)
+    assert time.monotonic() - started < 20
 
 
 @pytest.mark.parametrize("isolation", MODES)
@@ -97,7 +98,9 @@ def test_fork_bomb_is_contained_and_leaves_nothing(isolation):
     code = "import os\nwhile True:\n    os.fork()"
     result = run_python(code, limits=FAST, isolation=isolation)
     assert result.status in (SandboxStatus.TIMEOUT, SandboxStatus.RUNTIME_ERROR)
-    assert result.duration_s < FAST.wall_seconds + 1  # the autouse fixture checks nothing is left
+    # stopped by the wall limit, not left running (slack for a loaded machine's scheduling);
+    # the autouse fixture checks nothing is left
+    assert result.duration_s < FAST.wall_seconds + 10
 
 
 @pytest.mark.parametrize("isolation", MODES)
@@ -235,7 +238,8 @@ async def test_async_runs_overlap():
         *(arun_python("import time; time.sleep(1); print(1)") for _ in range(4))
     )
     assert [r.stdout for r in results] == ["1\n"] * 4
-    assert time.monotonic() - started < 3.5
+    # run one after another, the wall time would be at least the sum of their durations
+    assert time.monotonic() - started < 0.8 * sum(r.duration_s for r in results)
 
 
 def test_stdin_is_given_to_the_program():
