@@ -1,23 +1,29 @@
-"""Optimizer-step throughput: token-budget micro-batching with length bucketing vs naive padding.
+"""Optimizer-step throughput: naive padding vs length bucketing vs sequence packing.
 
 One GRPO optimizer step (forward + backward over every micro-batch, AdamW step) on the test
 model (SmolLM2-135M-Instruct, CPU, fp32) for a batch with a realistic, long-tailed mix of
-sequence lengths. Both modes share the micro-batch token budget:
+sequence lengths. Every mode has the same micro-batch token budget:
 
-- bucketed (ours): rows sorted by length, packed greedily so rows x longest row <= budget;
-- naive: rows in arrival order, every row padded to the longest sequence of the batch.
+- naive: rows in arrival order, every row padded to the longest sequence of the batch;
+- bucketed: rows sorted by length, grouped greedily so rows x longest row <= budget;
+- packed: whole sequences back to back in rows of <= budget tokens (first-fit decreasing),
+  position_ids restarting per sequence, block-diagonal attention, no padding; logits and
+  log-softmax at every position, as the padded modes (the gain from less padding alone);
+- packed_trained_logits: packed, and the vocabulary projection + log-softmax only at trained
+  positions (the trainer's default; prompts are never trained).
 
-Each mode runs in its own process (clean peak memory); the first step's loss must match.
-Wall-clock tokens/s is what a user sees; tokens per CPU second is also printed because on a
-shared machine other processes skew wall-clock time between the two runs.
+Each mode runs in its own process (clean peak memory); the first step's loss must match
+naive's. Wall-clock tokens/s is what a user sees; tokens per CPU second is also printed
+because on a shared machine other processes skew wall-clock time between runs.
 
-    python benchmarks/trainer_step.py [--seqs 16] [--budget 1024] [--steps 1]
+    python benchmarks/trainer_step.py [--seqs 32] [--budget 1024] [--steps 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -34,9 +40,13 @@ from example_trainer.data import (
     batch_to_samples,
     batch_totals,
     collate,
+    padded_tokens,
     plan_microbatches,
 )
-from example_trainer.loss import LossInputs, grpo_loss, token_logprobs
+from example_trainer.loss import LossInputs, grpo_loss
+from example_trainer.packing import collate_packed, model_logprobs, plan_packed
+
+MODES = ("naive", "bucketed", "packed", "packed_trained_logits")
 
 
 def make_groups(n_seqs: int, group_size: int, seed: int) -> list[dict]:
@@ -74,17 +84,23 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
     samples, _, _ = batch_to_samples(make_groups(args.seqs, 4, args.seed), cfg)
     totals = batch_totals(samples)
     lengths = [len(s.tokens) for s in samples]
-    longest = max(lengths)
-    plan = plan_microbatches(lengths, args.budget, bucket=(mode == "bucketed"))
-    pad_to = longest if mode == "naive" else None
-    padded = sum(len(mb) * (pad_to or max(lengths[i] for i in mb)) for mb in plan)
+    packed = mode.startswith("packed")
+    if packed:
+        plan = plan_packed(lengths, args.budget)
+        padded = padded_tokens(plan, lengths, packed=True)
+    else:
+        plan = plan_microbatches(lengths, args.budget, bucket=(mode == "bucketed"))
+        padded = padded_tokens(plan, lengths) if mode == "bucketed" else len(lengths) * max(lengths)
     losses, times, cpu_times = [], [], []
     for _ in range(args.steps):
         start, cpu_start, loss_sum = time.perf_counter(), time.process_time(), 0.0
         for idx in plan:
-            mb = collate([samples[i] for i in idx], pad_to=pad_to)
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            logp, entropy = token_logprobs(logits[:, :-1], mb.targets, mb.temperature)
+            rows = [samples[i] for i in idx]
+            if packed:
+                mb = collate_packed(rows, trained_only=(mode == "packed_trained_logits"))
+            else:
+                mb = collate(rows, pad_to=max(lengths) if mode == "naive" else None)
+            logp, entropy = model_logprobs(model, mb)
             x = LossInputs(logp, entropy, mb.mask, mb.advantages, mb.sft)
             loss, _ = grpo_loss(x, cfg, totals, 1)
             loss.backward()
@@ -112,38 +128,55 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seqs", type=int, default=16, help="sequences per step (groups of 4)")
-    parser.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
+    parser.add_argument("--seqs", type=int, default=32, help="sequences per step (groups of 4)")
+    parser.add_argument("--budget", type=int, default=1024, help="tokens per micro-batch")
     parser.add_argument(
         "--steps", type=int, default=1, help="steps per mode (2+: first is warm-up)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mode", choices=["bucketed", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}"
+    )
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
         print(json.dumps(run_mode(args.mode, args)))
         return
+    modes = [m for m in args.modes.split(",") if m]
+    if "naive" not in modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes must include naive and name only {', '.join(MODES)}")
+    load_before = os.getloadavg()
     results = {}
-    for mode in ("naive", "bucketed"):
+    for mode in modes:
         argv = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
         out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         results[mode] = json.loads(out.strip().splitlines()[-1])
-    head = f"{'mode':<10}{'micro-batches':>14}{'tokens':>8}{'padded':>8}{'step s':>8}"
+        r = results[mode]
+        print(f"# {mode}: {r['step_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU", flush=True)
+    load_after = os.getloadavg()
+    n = results["naive"]
+    print(f"load average (1/5/15 min) before {load_before}, after {load_after}")
+    head = f"{'mode':<22}{'micro-batches':>14}{'tokens':>8}{'padded':>8}{'step s':>8}"
     print(head + f"{'tokens/s':>10}{'CPU s':>8}{'tokens/CPU s':>14}{'peak RSS GB':>13}  loss")
     for r in results.values():
         print(
-            f"{r['mode']:<10}{r['micro_batches']:>14}{r['tokens']:>8}{r['padded_tokens']:>8}"
-            f"{r['step_s']:>8.2f}{r['tokens_per_s']:>10.1f}{r['cpu_s']:>8.1f}"
+            f"{r['mode']:<22}{r['micro_batches']:>14}{r['tokens']:>8}{r['padded_tokens']:>8}"
+            f"{r['step_s']:>8.1f}{r['tokens_per_s']:>10.1f}{r['cpu_s']:>8.1f}"
             f"{r['tokens_per_cpu_s']:>14.1f}{r['peak_rss_gb']:>13.2f}  {r['losses'][0]:.8f}"
         )
-    b, n = results["bucketed"], results["naive"]
-    print(
-        f"speed-up bucketed / naive: {b['tokens_per_s'] / n['tokens_per_s']:.2f}x tokens/s "
-        f"(wall), {b['tokens_per_cpu_s'] / n['tokens_per_cpu_s']:.2f}x tokens per CPU second; "
-        f"peak RSS {b['peak_rss_gb'] / n['peak_rss_gb']:.2f}x; "
-        f"first-step loss |diff| {abs(b['losses'][0] - n['losses'][0]):.1e}"
-    )
+    print(f"{'vs naive':<22}{'tokens/s (wall)':>16}{'tokens/CPU s':>14}{'padded':>8}"
+          f"{'peak RSS':>10}{'loss |diff|':>13}")  # fmt: skip
+    for r in results.values():
+        if r is n:
+            continue
+        print(
+            f"{r['mode']:<22}{r['tokens_per_s'] / n['tokens_per_s']:>15.2f}x"
+            f"{r['tokens_per_cpu_s'] / n['tokens_per_cpu_s']:>13.2f}x"
+            f"{n['padded_tokens'] / r['padded_tokens']:>7.2f}x"
+            f"{r['peak_rss_gb'] / n['peak_rss_gb']:>9.2f}x"
+            f"{abs(r['losses'][0] - n['losses'][0]):>13.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -146,7 +146,20 @@ class TrainerConfig(BaseSettings):
     batch_size: int = Field(32, gt=0, description="Sequences per optimizer step.")
     max_token_len: int = Field(2048, gt=1, description="Longest sequence the trainer accepts.")
     micro_batch_tokens: int = Field(
-        8192, gt=0, description="Padded tokens per micro-batch (forward/backward unit)."
+        8192,
+        gt=0,
+        description="Tokens per micro-batch (forward/backward unit): the packed row length, "
+        "or rows x longest row when bucketed.",
+    )
+    micro_batching: Literal["packed", "bucketed"] = Field(
+        "packed",
+        description="packed: whole sequences back to back in one row (block-diagonal "
+        "attention, no padding); bucketed: rows of similar length, padded to the longest.",
+    )
+    trained_logits_only: bool = Field(
+        True,
+        description="packed: compute the vocabulary projection and log-softmax only at "
+        "trained positions (prompts never are); the loss is the same.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(

@@ -221,23 +221,54 @@ def plan_microbatches(
     return plan
 
 
-def padded_tokens(plan: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
-    return sum(len(mb) * max(lengths[i] for i in mb) for mb in plan)
+def padded_tokens(
+    plan: Sequence[Sequence[int]], lengths: Sequence[int], packed: bool = False
+) -> int:
+    """Tokens the forward passes process: rows x longest row, or the sequences when packed."""
+    return sum(micro_batch_cost(mb, lengths, packed) for mb in plan)
+
+
+def micro_batch_cost(mb: Sequence[int], lengths: Sequence[int], packed: bool = False) -> int:
+    if packed:
+        return sum(lengths[i] for i in mb)
+    return len(mb) * max(lengths[i] for i in mb)
 
 
 def shard_plan(
-    plan: Sequence[list[int]], lengths: Sequence[int], world_size: int, rank: int
+    plan: Sequence[list[int]],
+    lengths: Sequence[int],
+    world_size: int,
+    rank: int,
+    packed: bool = False,
 ) -> list[list[int]]:
-    """Deal micro-batches to ranks, largest padded cost first to the least-loaded rank."""
+    """Deal micro-batches to ranks, largest cost (processed tokens) first to the least loaded."""
     loads = [0] * world_size
     mine: list[list[int]] = []
-    costs = [len(mb) * max(lengths[i] for i in mb) for mb in plan]
+    costs = [micro_batch_cost(mb, lengths, packed) for mb in plan]
     for k in sorted(range(len(plan)), key=lambda k: (-costs[k], k)):
         target = min(range(world_size), key=lambda r: (loads[r], r))
         loads[target] += costs[k]
         if target == rank:
             mine.append(plan[k])
     return mine
+
+
+@dataclass
+class PackedRow:
+    """The sequences of a micro-batch back to back in one row (see example_trainer.packing).
+
+    Position ``scored[k]`` of the row predicts ``targets[k]`` at ``temperature[k]``; ``index``
+    maps the padded next-token layout (B, T-1) of MicroBatch to those k, and positions that are
+    never trained (padding, the last token of each sequence, with ``trained_only`` prompts
+    too) to k = K, a filler.
+    """
+
+    input_ids: Tensor  # (1, N)
+    position_ids: Tensor  # (1, N), restarting at 0 for each sequence
+    scored: Tensor | None  # (K,) row positions whose logits are computed; None: all N (K = N)
+    targets: Tensor  # (K,)
+    temperature: Tensor  # (K,)
+    index: Tensor  # (B, T-1) into [0, K]
 
 
 @dataclass
@@ -254,9 +285,13 @@ class MicroBatch:
     ref_logprobs: Tensor | None  # (B, T-1), when every row carries them
     temperature: Tensor  # (B,)
     sft: Tensor  # (B,) bool
+    packed: PackedRow | None = None  # set: the forward runs on this row instead of input_ids
 
     def to(self, device: torch.device) -> MicroBatch:
         moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
+        if self.packed is not None:
+            row = vars(self.packed).items()
+            moved["packed"] = PackedRow(**{k: v if v is None else v.to(device) for k, v in row})
         return MicroBatch(**moved)
 
 

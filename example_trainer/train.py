@@ -8,8 +8,11 @@ per group, per batch or none; SPIRAL role baselines). Loss options (clip-higher,
 truncated importance sampling, KL k1/k3, entropy bonus, aggregation) are LossConfig switches;
 see README.md. SFT rows (override ``sft``) are trained with plain NLL in the same step.
 
-Left out: several optimizer steps per batch (PPO epochs), sequence packing into one row,
-NCCL weight broadcast to inference engines, value models.
+Micro-batches are packed rows by default (example_trainer.packing: whole sequences back to
+back, block-diagonal attention, no padding) or length-bucketed padded rows.
+
+Left out: several optimizer steps per batch (PPO epochs), NCCL weight broadcast to inference
+engines, value models.
 
 Run: ``atropos-grpo --model FOLDER --batch_size 8`` or ``torchrun --nproc_per_node 2 -m
 example_trainer.train ...``; rank 0 talks to the broker and broadcasts each batch.
@@ -53,7 +56,8 @@ from example_trainer.data import (
     shard_plan,
 )
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
-from example_trainer.loss import LossInputs, grpo_loss, token_logprobs
+from example_trainer.loss import LossInputs, grpo_loss
+from example_trainer.packing import collate_packed, model_logprobs, plan_packed
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
@@ -219,9 +223,10 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
         totals = batch_totals(samples)
         lengths = [len(s.tokens) for s in samples]
-        plan = plan_microbatches(lengths, cfg.micro_batch_tokens)
-        mine = shard_plan(plan, lengths, world, rank)
-        n_micro = max(len(shard_plan(plan, lengths, world, r)) for r in range(world))
+        pack = cfg.micro_batching == "packed"
+        plan = (plan_packed if pack else plan_microbatches)(lengths, cfg.micro_batch_tokens)
+        mine = shard_plan(plan, lengths, world, rank, pack)
+        n_micro = max(len(shard_plan(plan, lengths, world, r, pack)) for r in range(world))
 
         # ---- forward / backward over micro-batches ----------------------------------------
         model.train()
@@ -229,13 +234,13 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         loss_sum = torch.zeros((), device=device)
         for k in range(n_micro):
             dummy = k >= len(mine)  # keeps ranks in step for DDP's gradient all-reduce
-            mb = collate([samples[i] for i in (mine[k] if not dummy else [0])]).to(device)
+            rows = [samples[i] for i in (mine[k] if not dummy else [0])]
+            mb = (collate_packed(rows, cfg.trained_logits_only) if pack else collate(rows)).to(
+                device
+            )
             last = k == n_micro - 1
             with grad_sync(model, enabled=last), autocast(cfg, device):
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-                logp, entropy = token_logprobs(
-                    logits[:, :-1], mb.targets, mb.temperature, cfg.loss.entropy_coef > 0
-                )  # (B, T-1)
+                logp, entropy = model_logprobs(model, mb, cfg.loss.entropy_coef > 0)  # (B, T-1)
                 ref_logp = mb.ref_logprobs
                 if ref_logp is None and cfg.loss.kl_coef > 0:
                     ref_logp = reference_logprobs(model, ref_model, mb)
@@ -284,7 +289,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/trained_tokens": total["tokens"],
             "train/skipped": float(totals.tokens == 0),
             "train/tokens_per_s": seq_tokens / elapsed,
-            "train/padding_frac": 1.0 - seq_tokens / max(1, padded_tokens(plan, lengths)),
+            "train/padding_frac": 1.0 - seq_tokens / max(1, padded_tokens(plan, lengths, pack)),
             "train/data_wait_s": t_data,
             "train/zero_variance_groups": float(stats.zero_variance_groups),
             "train/truncated_masked": float(stats.truncated_masked),
@@ -360,15 +365,16 @@ def pull_batch(client: BatchSource, patience_s: float) -> Any:
 
 
 def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -> torch.Tensor:
-    """Reference logprobs (B, T-1): the frozen model, or the LoRA base with adapters off."""
+    """Reference logprobs (B, T-1): the frozen model, or the LoRA base with adapters off.
+
+    Same forward as the policy's (packed row or padded rows).
+    """
     with torch.no_grad():
         if ref_model is not None:
-            logits = ref_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        else:
-            peft_model = unwrap(model)  # no DDP hooks for a forward without backward
-            with peft_model.disable_adapter():  # type: ignore[operator]
-                logits = peft_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return token_logprobs(logits[:, :-1], mb.targets, mb.temperature)[0]
+            return model_logprobs(ref_model, mb)[0]
+        peft_model = unwrap(model)  # no DDP hooks for a forward without backward
+        with peft_model.disable_adapter():  # type: ignore[operator]
+            return model_logprobs(peft_model, mb)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,247 @@
+"""Sequence packing: block-diagonal attention, the plan, and the same loss as padded rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from trainer_helpers import make_group
+
+from example_trainer.config import LossConfig
+from example_trainer.data import (
+    MicroBatch,
+    Sample,
+    batch_to_samples,
+    batch_totals,
+    collate,
+    padded_tokens,
+    plan_microbatches,
+    shard_plan,
+)
+from example_trainer.loss import BatchTotals, LossInputs, grpo_loss
+from example_trainer.packing import collate_packed, model_logprobs, plan_packed
+
+
+def load(path: Path, attn: str = "sdpa") -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model.config._attn_implementation = attn
+    return model
+
+
+# ---- the attention mask transformers builds from restarting position_ids ---------------
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logits_equal_each_sequence_alone(test_model_path: Path, attn: str) -> None:
+    model = load(test_model_path, attn).eval()
+    rng = np.random.default_rng(0)
+    seqs = [torch.as_tensor(rng.integers(100, 40000, size=n)) for n in (9, 33, 1, 2, 17)]
+    ids = torch.cat(seqs)[None]
+    positions = torch.cat([torch.arange(len(s)) for s in seqs])[None]
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0]
+        start = 0
+        for seq in seqs:
+            alone = model(input_ids=seq[None], use_cache=False).logits[0]
+            row = packed[start : start + len(seq)]
+            torch.testing.assert_close(row, alone, atol=1e-4, rtol=1e-5)
+            start += len(seq)
+        # the same row read as ONE sequence differs: the mask really is block-diagonal
+        whole = model(input_ids=ids, use_cache=False).logits[0]
+    assert (whole[9:42] - packed[9:42]).abs().max() > 1.0
+
+
+# ---- the plan ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_packed_plan_covers_every_sequence_once_within_budget(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = [int(x) for x in np.clip(rng.lognormal(4.0, 1.0, size=60), 1, 900)]
+    budget = 512
+    plan = plan_packed(lengths, budget)
+    assert sorted(i for row in plan for i in row) == list(range(len(lengths)))
+    for row in plan:
+        assert sum(lengths[i] for i in row) <= budget or len(row) == 1
+    # first-fit decreasing is within 11/9 OPT + 1 bins; the volume bound is a floor on OPT
+    volume = sum(min(n, budget) for n in lengths) / budget
+    assert len(plan) <= 11 / 9 * np.ceil(volume) + 1 + sum(n > budget for n in lengths)
+    assert padded_tokens(plan, lengths, packed=True) == sum(lengths)
+    assert padded_tokens(plan, lengths, packed=True) < padded_tokens(
+        plan_microbatches(lengths, budget), lengths
+    )
+
+
+def test_a_sequence_longer_than_the_budget_gets_its_own_row() -> None:
+    assert plan_packed([300, 60, 50, 40], token_budget=100) == [
+        [0],
+        [1, 3],
+        [2],
+    ]  # first fit: 60 + 40 fills a row
+
+
+def test_packed_shards_balance_by_row_tokens() -> None:
+    lengths = [90, 80, 70, 60, 50, 40, 30, 20, 10, 5]
+    plan = plan_packed(lengths, 100)
+    shards = [shard_plan(plan, lengths, 2, r, packed=True) for r in range(2)]
+    assert sorted(tuple(r) for s in shards for r in s) == sorted(map(tuple, plan))
+    loads = [sum(lengths[i] for row in s for i in row) for s in shards]
+    assert abs(loads[0] - loads[1]) <= max(lengths)
+
+
+# ---- the packed row and its gather --------------------------------------------------------
+
+
+def mixed_samples(cfg: LossConfig, seed: int = 0) -> list[Sample]:
+    """Mixed lengths, an SFT group, rows with and without inference logprobs, temperatures."""
+    rng = np.random.default_rng(seed)
+    rl = make_group(
+        rng,
+        [0.0, 1.0, 1.0, 0.0],
+        prompt_len=5,
+        completion_lens=[3, 21, 9, 40],
+        overrides=[{"temperature": 0.7}, {}, {"temperature": 1.3}, {}],
+        generation_params={"temperature": 0.9},
+    )
+    rl["inference_logprobs"][1] = None  # a row the sampler sent no logprobs for
+    short = make_group(rng, [1.0, 0.0, 0.5], prompt_len=12, completion_lens=[2, 30, 6])
+    sft = make_group(rng, [1.0, 1.0], prompt_len=3, completion_lens=[14, 4])
+    sft["group_overrides"] = {"sft": True}
+    groups = [rl, short, sft]
+    for group in groups:  # reference logprobs for the KL, on every row
+        group["ref_logprobs"] = [-rng.uniform(2.0, 6.0, size=len(t)) for t in group["tokens"]]
+    samples, _, _ = batch_to_samples(groups, cfg)
+    return samples
+
+
+def test_boundary_positions_are_never_gathered() -> None:
+    samples = mixed_samples(LossConfig())
+    for trained_only in (False, True):
+        mb = collate_packed(samples, trained_only)
+        assert mb.packed is not None
+        index, n = mb.packed.index, int(mb.packed.input_ids.shape[1])
+        starts = np.cumsum([0] + [len(s.tokens) for s in samples])
+        last = {int(s) - 1 for s in starts[1:]}  # predicts the next sequence's first token
+        scored = range(n) if mb.packed.scored is None else mb.packed.scored.tolist()
+        gathered = {scored[k] for k in index.flatten().tolist() if k < len(scored)}
+        assert not gathered & last
+        trained = {int(starts[b]) + t for b, t in zip(*np.nonzero(mb.mask.numpy()), strict=True)}
+        assert trained <= gathered  # every trained position is there
+        if trained_only:
+            assert gathered == trained
+        else:
+            assert len(gathered) == sum(len(s.tokens) - 1 for s in samples)
+        # targets of the gathered positions are the next tokens of the same sequence
+        targets = mb.packed.targets
+        b, t = np.nonzero(mb.mask.numpy())
+        assert torch.equal(targets[index[b, t]], mb.targets[b, t])
+
+
+def test_an_earlier_sequence_in_the_row_does_not_change_the_next_ones_loss(
+    tiny_model: Path,
+) -> None:
+    model = load(tiny_model)
+    cfg = LossConfig()
+    a, b = mixed_samples(cfg)[1], mixed_samples(cfg)[2]
+    b.weight = 0.0  # untrained, first in the row: only attention could carry it into a's loss
+    out, plain = [], []
+    for seed in (1, 2):
+        b.tokens = np.random.default_rng(seed).integers(1, 256, size=len(b.tokens))
+        mb = collate_packed([b, a], trained_only=False)
+        assert mb.packed is not None
+        logp, _ = model_logprobs(model, mb)
+        out.append((logp * mb.mask).sum())
+        with torch.no_grad():  # the same row without restarting positions: one long sequence
+            logits = model(input_ids=mb.packed.input_ids, use_cache=False).logits
+        plain.append(logits[0, len(b.tokens) :])
+    torch.testing.assert_close(out[0], out[1], atol=1e-6, rtol=0)
+    assert (plain[0] - plain[1]).abs().max() > 1e-3  # what the block-diagonal mask prevents
+
+
+# ---- the same loss and gradients in every mode ---------------------------------------------
+
+Collate = Callable[[Sequence[Sample]], MicroBatch]
+
+MODES: dict[str, tuple[Callable[[list[int], int], list[list[int]]], Collate]] = {
+    "naive": (lambda n, k: plan_microbatches(n, k, bucket=False), lambda s: collate(s, 64)),
+    "bucketed": (plan_microbatches, collate),
+    "packed": (plan_packed, lambda s: collate_packed(s, trained_only=False)),
+    "packed_trained_logits": (plan_packed, lambda s: collate_packed(s, trained_only=True)),
+}
+
+
+def one_step(model: Any, samples: list[Sample], mode: str, cfg: LossConfig, budget: int) -> Any:
+    plan_fn, collate_fn = MODES[mode]
+    model.zero_grad(set_to_none=True)
+    totals: BatchTotals = batch_totals(samples)
+    plan = plan_fn([len(s.tokens) for s in samples], budget)
+    loss_sum, metric_sums = 0.0, {}
+    for idx in plan:
+        mb = collate_fn([samples[i] for i in idx])
+        logp, entropy = model_logprobs(model, mb, cfg.entropy_coef > 0)
+        x = LossInputs(
+            logp, entropy, mb.mask, mb.advantages, mb.sft,
+            mb.inference_logprobs, mb.has_inference, mb.ref_logprobs,
+        )  # fmt: skip
+        loss, metrics = grpo_loss(x, cfg, totals, 100)
+        loss.backward()
+        loss_sum += loss.item()
+        for k, v in metrics.items():
+            metric_sums[k] = metric_sums.get(k, 0.0) + v.item()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return len(plan), loss_sum, metric_sums, grads
+
+
+CONFIGS = {
+    "gspo_seq_mean_kl_entropy": LossConfig(
+        ratio="sequence",
+        aggregation="seq_mean_token_mean",
+        behavior_logprobs="inference",
+        kl_coef=0.1,
+        entropy_coef=0.01,
+        clip_eps_low=0.5,
+        clip_eps_high=0.5,
+    ),
+    "token_tis_constant": LossConfig(is_correction="tis", aggregation="constant"),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_mode_gives_the_same_loss_and_gradients(tiny_model: Path, name: str) -> None:
+    cfg = CONFIGS[name]
+    model = load(tiny_model)
+    samples = mixed_samples(cfg)
+    assert {s.sft for s in samples} == {True, False}
+    assert len({s.temperature for s in samples}) >= 3
+    results = {mode: one_step(model, samples, mode, cfg, budget=96) for mode in MODES}
+    n_naive, loss, metrics, grads = results["naive"]
+    assert abs(loss) > 1e-3 and metrics["clip_frac"] >= 0
+    assert results["packed"][0] < results["bucketed"][0] <= n_naive  # fewer forward passes
+    for mode, (_, m_loss, m_metrics, m_grads) in results.items():
+        assert m_loss == pytest.approx(loss, abs=1e-5), mode
+        for key, value in metrics.items():
+            assert m_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (mode, key)
+        for key, grad in grads.items():
+            torch.testing.assert_close(m_grads[key], grad, atol=1e-5, rtol=1e-4, msg=mode)
+    assert max(g.abs().max().item() for g in grads.values()) > 1e-3  # gradients are real
+
+
+def test_a_micro_batch_with_no_trained_token_still_reaches_every_parameter(
+    tiny_model: Path,
+) -> None:
+    """DDP's gradient all-reduce needs every parameter in the graph, even with K = 0 logits."""
+    model = load(tiny_model)
+    sample = mixed_samples(LossConfig())[0]
+    sample.weight = 0.0
+    mb = collate_packed([sample], trained_only=True)
+    assert mb.packed is not None and mb.packed.scored is not None
+    assert mb.packed.scored.numel() == 0
+    logp, _ = model_logprobs(model, mb)
+    (logp * mb.mask).sum().backward()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
