@@ -12,6 +12,7 @@ import torch
 from trainer_helpers import ListClient, base_args, make_batch, state_dict_of
 
 from example_trainer.config import load_config
+from example_trainer.packing import plan_packed
 from example_trainer.train import train
 
 WORKER = Path(__file__).parent / "ddp_worker.py"
@@ -31,12 +32,16 @@ def test_two_processes_match_one_process(
     parallel: str, tiny_model: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     single = tmp_path / "single"
-    train(
-        load_config(base_args(tiny_model, single, "--num_steps", "2", "--save_interval", "1")),
-        ListClient(lambda step: make_batch(seed=200 + step)),
-    )
+    three_rows = ["--micro_batch_tokens", "64"]  # 3 packed rows: one rank runs a dummy too
+    args = base_args(tiny_model, single, "--num_steps", "2", "--save_interval", "1", *three_rows)
+    cfg = load_config(args)
+    assert cfg.micro_batching == "packed"  # the default is what runs under torchrun too
+    for step in (1, 2):
+        lengths = [len(t) for g in make_batch(seed=200 + step) for t in g["tokens"]]
+        assert len(plan_packed(lengths, cfg.micro_batch_tokens)) == 3
+    train(cfg, ListClient(lambda step: make_batch(seed=200 + step)))
     multi = tmp_path / parallel
-    torchrun(subprocess_env, str(tiny_model), str(multi), "2", "--parallel", parallel)
+    torchrun(subprocess_env, str(tiny_model), str(multi), "2", "--parallel", parallel, *three_rows)
     a, b = state_dict_of(single / "step-2"), state_dict_of(multi / "step-2")
     start = state_dict_of(tiny_model)
     assert a.keys() == b.keys()
@@ -46,7 +51,7 @@ def test_two_processes_match_one_process(
     if parallel == "fsdp":  # resume from a gathered FSDP checkpoint, still under FSDP
         shutil.rmtree(multi / "step-2")
         torchrun(subprocess_env, str(tiny_model), str(multi), "2", "--parallel", parallel,
-                 "--resume", "auto")  # fmt: skip
+                 *three_rows, "--resume", "auto")  # fmt: skip
         resumed = state_dict_of(multi / "step-2")
         for key in a:
             torch.testing.assert_close(a[key], resumed[key], atol=1e-5, rtol=0)

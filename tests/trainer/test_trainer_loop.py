@@ -67,6 +67,25 @@ def test_micro_batching_does_not_change_the_update(tiny_model: Path, tmp_path: P
     assert max((sd_a[k] - start[k]).abs().max().item() for k in sd_a) > 5e-4
 
 
+def test_packed_and_bucketed_micro_batches_make_the_same_update(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    batch = make_batch(seed=2)
+    rows, states = [], []
+    for mode in ("packed", "bucketed"):
+        save = tmp_path / mode
+        args = base_args(tiny_model, save, "--num_steps", "1", "--micro_batching", mode)
+        cfg = load_config([*args, "--loss.kl_coef", "0.1"])  # the reference forward too
+        rows.append(train(cfg, ListClient(fixed(batch)))[0])
+        states.append(state_dict_of(save / "step-1"))
+    packed, bucketed = rows
+    assert packed["train/loss"] == pytest.approx(bucketed["train/loss"], abs=1e-6)
+    assert packed["train/entropy"] == pytest.approx(bucketed["train/entropy"], rel=1e-5)
+    assert packed["train/padding_frac"] == 0.0 < bucketed["train/padding_frac"]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], atol=1e-5, rtol=0)
+
+
 def test_resume_reproduces_the_next_step_exactly(tiny_model: Path, tmp_path: Path) -> None:
     batches = lambda step: make_batch(seed=100 + step)  # noqa: E731  (the broker's data by step)
     args = base_args(tiny_model, tmp_path / "a", "--num_steps", "3", "--save_interval", "1")
