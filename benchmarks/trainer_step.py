@@ -6,8 +6,9 @@ sequence lengths. Every mode has the same micro-batch token budget:
 
 - naive: rows in arrival order, every row padded to the longest sequence of the batch;
 - bucketed: rows sorted by length, grouped greedily so rows x longest row <= budget;
-- packed: whole sequences back to back in rows of <= budget tokens (first-fit decreasing),
-  position_ids restarting per sequence, block-diagonal attention, no padding; logits and
+- packed: whole sequences back to back in rows of <= budget tokens (first-fit decreasing;
+  ``--row-tokens`` for shorter rows, several per micro-batch), position_ids restarting per
+  sequence, block-diagonal attention, no padding; logits and
   log-softmax at every position, as the padded modes (the gain from less padding alone);
 - packed_trained_logits: packed, and the vocabulary projection + log-softmax only at trained
   positions (the trainer's default; prompts are never trained).
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +46,7 @@ from example_trainer.data import (
     plan_microbatches,
 )
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import collate_packed, model_logprobs, plan_packed
+from example_trainer.packing import collate_packed, model_logprobs, packed_costs, plan_packed
 
 MODES = ("naive", "bucketed", "packed", "packed_trained_logits")
 
@@ -85,21 +87,23 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
     totals = batch_totals(samples)
     lengths = [len(s.tokens) for s in samples]
     packed = mode.startswith("packed")
+    plan: list[Any]
     if packed:
-        plan = plan_packed(lengths, args.budget)
-        padded = padded_tokens(plan, lengths, packed=True)
+        plan = plan_packed(lengths, args.row_tokens or args.budget, args.budget)
+        padded = sum(packed_costs(plan, lengths))
     else:
         plan = plan_microbatches(lengths, args.budget, bucket=(mode == "bucketed"))
         padded = padded_tokens(plan, lengths) if mode == "bucketed" else len(lengths) * max(lengths)
     losses, times, cpu_times = [], [], []
     for _ in range(args.steps):
         start, cpu_start, loss_sum = time.perf_counter(), time.process_time(), 0.0
-        for idx in plan:
-            rows = [samples[i] for i in idx]
-            if packed:
+        for entry in plan:
+            if packed:  # entry: rows of sequence indices
+                rows = [[samples[i] for i in row] for row in entry]
                 mb = collate_packed(rows, trained_only=(mode == "packed_trained_logits"))
             else:
-                mb = collate(rows, pad_to=max(lengths) if mode == "naive" else None)
+                pad_to = max(lengths) if mode == "naive" else None
+                mb = collate([samples[i] for i in entry], pad_to=pad_to)
             logp, entropy = model_logprobs(model, mb)
             x = LossInputs(logp, entropy, mb.mask, mb.advantages, mb.sft)
             loss, _ = grpo_loss(x, cfg, totals, 1)
@@ -132,6 +136,9 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=1024, help="tokens per micro-batch")
     parser.add_argument(
         "--steps", type=int, default=1, help="steps per mode (2+: first is warm-up)"
+    )
+    parser.add_argument(
+        "--row-tokens", type=int, help="packed: longest row (default: the budget, 1 row each)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)

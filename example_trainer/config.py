@@ -156,6 +156,12 @@ class TrainerConfig(BaseSettings):
         description="packed: whole sequences back to back in one row (block-diagonal "
         "attention, no padding); bucketed: rows of similar length, padded to the longest.",
     )
+    pack_row_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="packed: longest packed row (default max_token_len, at most "
+        "micro_batch_tokens); attention costs grow with its square, rows share a micro-batch.",
+    )
     trained_logits_only: bool = Field(
         True,
         description="packed: compute the vocabulary projection and log-softmax only at "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +21,8 @@ from torch import Tensor
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from example_trainer.config import LossConfig
 from example_trainer.loss import BatchTotals, group_advantages, role_advantages
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -221,30 +223,19 @@ def plan_microbatches(
     return plan
 
 
-def padded_tokens(
-    plan: Sequence[Sequence[int]], lengths: Sequence[int], packed: bool = False
-) -> int:
-    """Tokens the forward passes process: rows x longest row, or the sequences when packed."""
-    return sum(micro_batch_cost(mb, lengths, packed) for mb in plan)
+def micro_batch_costs(plan: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[int]:
+    """Tokens each padded micro-batch processes: rows x longest row."""
+    return [len(mb) * max(lengths[i] for i in mb) for mb in plan]
 
 
-def micro_batch_cost(mb: Sequence[int], lengths: Sequence[int], packed: bool = False) -> int:
-    if packed:
-        return sum(lengths[i] for i in mb)
-    return len(mb) * max(lengths[i] for i in mb)
+def padded_tokens(plan: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
+    return sum(micro_batch_costs(plan, lengths))
 
 
-def shard_plan(
-    plan: Sequence[list[int]],
-    lengths: Sequence[int],
-    world_size: int,
-    rank: int,
-    packed: bool = False,
-) -> list[list[int]]:
+def shard_plan(plan: Sequence[T], costs: Sequence[int], world_size: int, rank: int) -> list[T]:
     """Deal micro-batches to ranks, largest cost (processed tokens) first to the least loaded."""
     loads = [0] * world_size
-    mine: list[list[int]] = []
-    costs = [micro_batch_cost(mb, lengths, packed) for mb in plan]
+    mine: list[T] = []
     for k in sorted(range(len(plan)), key=lambda k: (-costs[k], k)):
         target = min(range(world_size), key=lambda r: (loads[r], r))
         loads[target] += costs[k]
@@ -254,18 +245,18 @@ def shard_plan(
 
 
 @dataclass
-class PackedRow:
-    """The sequences of a micro-batch back to back in one row (see example_trainer.packing).
+class PackedRows:
+    """A micro-batch's sequences back to back in R rows of W tokens (example_trainer.packing).
 
-    Position ``scored[k]`` of the row predicts ``targets[k]`` at ``temperature[k]``; ``index``
-    maps the padded next-token layout (B, T-1) of MicroBatch to those k, and positions that are
-    never trained (padding, the last token of each sequence, with ``trained_only`` prompts
-    too) to k = K, a filler.
+    The k-th scored position (row-major) predicts ``targets[k]`` at ``temperature[k]``;
+    ``index`` maps the padded next-token layout (B, T-1) of MicroBatch to those k, and
+    positions that are never trained (padding, the last token of each sequence, with
+    ``scored`` set the prompts too) to k = K, a filler.
     """
 
-    input_ids: Tensor  # (1, N)
-    position_ids: Tensor  # (1, N), restarting at 0 for each sequence
-    scored: Tensor | None  # (K,) row positions whose logits are computed; None: all N (K = N)
+    input_ids: Tensor  # (R, W)
+    position_ids: Tensor  # (R, W), restarting at 0 for each sequence (and the row's padding)
+    scored: Tensor | None  # (R, W) bool: positions whose logits are computed; None: all (K=R*W)
     targets: Tensor  # (K,)
     temperature: Tensor  # (K,)
     index: Tensor  # (B, T-1) into [0, K]
@@ -285,14 +276,22 @@ class MicroBatch:
     ref_logprobs: Tensor | None  # (B, T-1), when every row carries them
     temperature: Tensor  # (B,)
     sft: Tensor  # (B,) bool
-    packed: PackedRow | None = None  # set: the forward runs on this row instead of input_ids
+    packed: PackedRows | None = None  # set: the forward runs on these rows, not input_ids
 
     def to(self, device: torch.device) -> MicroBatch:
-        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
-        if self.packed is not None:
-            row = vars(self.packed).items()
-            moved["packed"] = PackedRow(**{k: v if v is None else v.to(device) for k, v in row})
-        return MicroBatch(**moved)
+        return MicroBatch(**_moved(self, device))
+
+
+def _moved(obj: Any, device: torch.device) -> dict[str, Any]:
+    """A dataclass's fields with every tensor (also in a nested dataclass) on ``device``."""
+    out: dict[str, Any] = {}
+    for key, value in vars(obj).items():
+        if isinstance(value, Tensor):
+            value = value.to(device)
+        elif isinstance(value, PackedRows):
+            value = PackedRows(**_moved(value, device))
+        out[key] = value
+    return out
 
 
 def collate(samples: Sequence[Sample], pad_to: int | None = None) -> MicroBatch:

@@ -48,16 +48,18 @@ from example_trainer.checkpoint import (
 )
 from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import (
+    MicroBatch,
+    Sample,
     batch_to_samples,
     batch_totals,
     collate,
-    padded_tokens,
+    micro_batch_costs,
     plan_microbatches,
     shard_plan,
 )
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import collate_packed, model_logprobs, plan_packed
+from example_trainer.packing import collate_packed, model_logprobs, packed_costs, plan_packed
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
@@ -223,10 +225,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
         totals = batch_totals(samples)
         lengths = [len(s.tokens) for s in samples]
-        pack = cfg.micro_batching == "packed"
-        plan = (plan_packed if pack else plan_microbatches)(lengths, cfg.micro_batch_tokens)
-        mine = shard_plan(plan, lengths, world, rank, pack)
-        n_micro = max(len(shard_plan(plan, lengths, world, r, pack)) for r in range(world))
+        plan, costs = micro_batch_plan(cfg, lengths)
+        mine = shard_plan(plan, costs, world, rank)
+        n_micro = max(len(shard_plan(plan, costs, world, r)) for r in range(world))
 
         # ---- forward / backward over micro-batches ----------------------------------------
         model.train()
@@ -234,10 +235,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         loss_sum = torch.zeros((), device=device)
         for k in range(n_micro):
             dummy = k >= len(mine)  # keeps ranks in step for DDP's gradient all-reduce
-            rows = [samples[i] for i in (mine[k] if not dummy else [0])]
-            mb = (collate_packed(rows, cfg.trained_logits_only) if pack else collate(rows)).to(
-                device
-            )
+            mb = micro_batch(cfg, samples, mine[k] if not dummy else None).to(device)
             last = k == n_micro - 1
             with grad_sync(model, enabled=last), autocast(cfg, device):
                 logp, entropy = model_logprobs(model, mb, cfg.loss.entropy_coef > 0)  # (B, T-1)
@@ -289,7 +287,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/trained_tokens": total["tokens"],
             "train/skipped": float(totals.tokens == 0),
             "train/tokens_per_s": seq_tokens / elapsed,
-            "train/padding_frac": 1.0 - seq_tokens / max(1, padded_tokens(plan, lengths, pack)),
+            "train/padding_frac": 1.0 - seq_tokens / max(1, sum(costs)),
             "train/data_wait_s": t_data,
             "train/zero_variance_groups": float(stats.zero_variance_groups),
             "train/truncated_masked": float(stats.truncated_masked),
@@ -348,6 +346,24 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     if rank == 0 and client is not None:
         client.close()
     return history
+
+
+def micro_batch_plan(cfg: TrainerConfig, lengths: list[int]) -> tuple[list[Any], list[int]]:
+    """Micro-batches (packed: lists of rows of sequence indices) and the tokens each costs."""
+    if cfg.micro_batching == "packed":
+        row_tokens = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
+        packed = plan_packed(lengths, row_tokens, cfg.micro_batch_tokens)
+        return list(packed), packed_costs(packed, lengths)
+    plan = plan_microbatches(lengths, cfg.micro_batch_tokens)
+    return list(plan), micro_batch_costs(plan, lengths)
+
+
+def micro_batch(cfg: TrainerConfig, samples: list[Sample], planned: Any) -> MicroBatch:
+    """Tensors of one planned micro-batch; None: a dummy of sample 0 (masked by the caller)."""
+    if cfg.micro_batching == "packed":
+        rows = planned if planned is not None else [[0]]
+        return collate_packed([[samples[i] for i in row] for row in rows], cfg.trained_logits_only)
+    return collate([samples[i] for i in (planned if planned is not None else [0])])
 
 
 def pull_batch(client: BatchSource, patience_s: float) -> Any:

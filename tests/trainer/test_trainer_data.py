@@ -11,6 +11,7 @@ from example_trainer.data import (
     batch_to_samples,
     batch_totals,
     collate,
+    micro_batch_costs,
     padded_tokens,
     plan_microbatches,
     shard_plan,
@@ -134,6 +135,7 @@ def test_oversized_row_gets_its_own_micro_batch() -> None:
 
 def test_shards_partition_the_plan_across_ranks() -> None:
     plan = plan_microbatches(LENGTHS, 200)
-    shards = [shard_plan(plan, LENGTHS, 3, r) for r in range(3)]
+    costs = micro_batch_costs(plan, LENGTHS)
+    shards = [shard_plan(plan, costs, 3, r) for r in range(3)]
     assert sorted(tuple(mb) for shard in shards for mb in shard) == sorted(map(tuple, plan))
     assert all(shards)

@@ -32,13 +32,13 @@ def test_two_processes_match_one_process(
     parallel: str, tiny_model: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     single = tmp_path / "single"
-    three_rows = ["--micro_batch_tokens", "64"]  # 3 packed rows: one rank runs a dummy too
+    three_rows = ["--micro_batch_tokens", "64"]  # 3 micro-batches: one rank runs a dummy too
     args = base_args(tiny_model, single, "--num_steps", "2", "--save_interval", "1", *three_rows)
     cfg = load_config(args)
     assert cfg.micro_batching == "packed"  # the default is what runs under torchrun too
     for step in (1, 2):
         lengths = [len(t) for g in make_batch(seed=200 + step) for t in g["tokens"]]
-        assert len(plan_packed(lengths, cfg.micro_batch_tokens)) == 3
+        assert len(plan_packed(lengths, 64, cfg.micro_batch_tokens)) == 3
     train(cfg, ListClient(lambda step: make_batch(seed=200 + step)))
     multi = tmp_path / parallel
     torchrun(subprocess_env, str(tiny_model), str(multi), "2", "--parallel", parallel, *three_rows)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from example_trainer.data import (
     shard_plan,
 )
 from example_trainer.loss import BatchTotals, LossInputs, grpo_loss
-from example_trainer.packing import collate_packed, model_logprobs, plan_packed
+from example_trainer.packing import collate_packed, model_logprobs, packed_costs, plan_packed
 
 
 def load(path: Path, attn: str = "sdpa") -> Any:
@@ -64,34 +64,35 @@ def test_packed_logits_equal_each_sequence_alone(test_model_path: Path, attn: st
 def test_packed_plan_covers_every_sequence_once_within_budget(seed: int) -> None:
     rng = np.random.default_rng(seed)
     lengths = [int(x) for x in np.clip(rng.lognormal(4.0, 1.0, size=60), 1, 900)]
-    budget = 512
-    plan = plan_packed(lengths, budget)
-    assert sorted(i for row in plan for i in row) == list(range(len(lengths)))
-    for row in plan:
-        assert sum(lengths[i] for i in row) <= budget or len(row) == 1
-    # first-fit decreasing is within 11/9 OPT + 1 bins; the volume bound is a floor on OPT
-    volume = sum(min(n, budget) for n in lengths) / budget
-    assert len(plan) <= 11 / 9 * np.ceil(volume) + 1 + sum(n > budget for n in lengths)
-    assert padded_tokens(plan, lengths, packed=True) == sum(lengths)
-    assert padded_tokens(plan, lengths, packed=True) < padded_tokens(
-        plan_microbatches(lengths, budget), lengths
-    )
+    row_tokens, budget = 512, 1536
+    plan = plan_packed(lengths, row_tokens, budget)
+    rows = [row for mb in plan for row in mb]
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+    for row in rows:
+        assert sum(lengths[i] for i in row) <= row_tokens or len(row) == 1
+    costs = packed_costs(plan, lengths)
+    assert all(c <= budget or len(mb) == 1 for mb, c in zip(plan, costs, strict=True))
+    # rows come out nearly full: within 22% (+1) of the volume floor, padding < 10%
+    volume = sum(min(n, row_tokens) for n in lengths) / row_tokens
+    assert len(rows) <= 11 / 9 * np.ceil(volume) + 1 + sum(n > row_tokens for n in lengths)
+    assert sum(costs) < 1.1 * sum(lengths)
+    assert sum(costs) < padded_tokens(plan_microbatches(lengths, budget), lengths)
 
 
-def test_a_sequence_longer_than_the_budget_gets_its_own_row() -> None:
-    assert plan_packed([300, 60, 50, 40], token_budget=100) == [
-        [0],
-        [1, 3],
-        [2],
-    ]  # first fit: 60 + 40 fills a row
+def test_a_sequence_longer_than_the_row_gets_a_row_of_its_own() -> None:
+    # first fit decreasing: 60 + 40 fill a row; one row per micro-batch by default
+    assert plan_packed([300, 60, 50, 40], row_tokens=100) == [[[0]], [[1, 3]], [[2]]]
+    # rows x longest row <= 200: the 100-token row and the 50-token row share one
+    assert plan_packed([300, 60, 50, 40], 100, 200) == [[[0]], [[1, 3], [2]]]
 
 
 def test_packed_shards_balance_by_row_tokens() -> None:
     lengths = [90, 80, 70, 60, 50, 40, 30, 20, 10, 5]
     plan = plan_packed(lengths, 100)
-    shards = [shard_plan(plan, lengths, 2, r, packed=True) for r in range(2)]
-    assert sorted(tuple(r) for s in shards for r in s) == sorted(map(tuple, plan))
-    loads = [sum(lengths[i] for row in s for i in row) for s in shards]
+    costs = packed_costs(plan, lengths)
+    shards = [shard_plan(plan, costs, 2, r) for r in range(2)]
+    assert sorted(str(mb) for s in shards for mb in s) == sorted(map(str, plan))
+    loads = [sum(lengths[i] for mb in s for row in mb for i in row) for s in shards]
     assert abs(loads[0] - loads[1]) <= max(lengths)
 
 
@@ -120,27 +121,39 @@ def mixed_samples(cfg: LossConfig, seed: int = 0) -> list[Sample]:
     return samples
 
 
-def test_boundary_positions_are_never_gathered() -> None:
+@pytest.mark.parametrize("trained_only", [False, True])
+def test_boundary_and_padding_positions_are_never_gathered(trained_only: bool) -> None:
     samples = mixed_samples(LossConfig())
-    for trained_only in (False, True):
-        mb = collate_packed(samples, trained_only)
-        assert mb.packed is not None
-        index, n = mb.packed.index, int(mb.packed.input_ids.shape[1])
-        starts = np.cumsum([0] + [len(s.tokens) for s in samples])
-        last = {int(s) - 1 for s in starts[1:]}  # predicts the next sequence's first token
-        scored = range(n) if mb.packed.scored is None else mb.packed.scored.tolist()
-        gathered = {scored[k] for k in index.flatten().tolist() if k < len(scored)}
-        assert not gathered & last
-        trained = {int(starts[b]) + t for b, t in zip(*np.nonzero(mb.mask.numpy()), strict=True)}
-        assert trained <= gathered  # every trained position is there
-        if trained_only:
-            assert gathered == trained
-        else:
-            assert len(gathered) == sum(len(s.tokens) - 1 for s in samples)
-        # targets of the gathered positions are the next tokens of the same sequence
-        targets = mb.packed.targets
-        b, t = np.nonzero(mb.mask.numpy())
-        assert torch.equal(targets[index[b, t]], mb.targets[b, t])
+    rows = [samples[:4], samples[4:]]  # two rows of different widths: the shorter is padded
+    mb = collate_packed(rows, trained_only)
+    assert mb.packed is not None
+    width = int(mb.packed.input_ids.shape[1])
+    starts, last, real = [], set(), set()
+    for r, row in enumerate(rows):
+        offset = r * width
+        for sample in row:
+            starts.append(offset)
+            real |= set(range(offset, offset + len(sample.tokens)))
+            offset += len(sample.tokens)
+            last.add(offset - 1)  # predicts the next sequence's first token (or padding)
+    assert len(real) < mb.packed.input_ids.numel()  # there is row padding
+    index = mb.packed.index
+    if mb.packed.scored is None:
+        scored = list(range(mb.packed.input_ids.numel()))
+    else:
+        scored = np.flatnonzero(mb.packed.scored.numpy()).tolist()
+    gathered = {scored[k] for k in index.flatten().tolist() if k < len(scored)}
+    assert not gathered & last and gathered <= real
+    b, t = np.nonzero(mb.mask.numpy())
+    trained = {starts[i] + j for i, j in zip(b, t, strict=True)}
+    assert trained <= gathered  # every trained position is there
+    if trained_only:
+        assert gathered == trained
+    else:
+        assert len(gathered) == sum(len(s.tokens) - 1 for s in samples)
+    # each trained position's target is the next token of its own sequence
+    assert torch.equal(mb.packed.targets[index[b, t]], mb.targets[b, t])
+    assert torch.equal(mb.packed.temperature[index[b, t]], mb.temperature[b])
 
 
 def test_an_earlier_sequence_in_the_row_does_not_change_the_next_ones_loss(
@@ -153,7 +166,7 @@ def test_an_earlier_sequence_in_the_row_does_not_change_the_next_ones_loss(
     out, plain = [], []
     for seed in (1, 2):
         b.tokens = np.random.default_rng(seed).integers(1, 256, size=len(b.tokens))
-        mb = collate_packed([b, a], trained_only=False)
+        mb = collate_packed([[b, a]], trained_only=False)
         assert mb.packed is not None
         logp, _ = model_logprobs(model, mb)
         out.append((logp * mb.mask).sum())
@@ -166,24 +179,44 @@ def test_an_earlier_sequence_in_the_row_does_not_change_the_next_ones_loss(
 
 # ---- the same loss and gradients in every mode ---------------------------------------------
 
-Collate = Callable[[Sequence[Sample]], MicroBatch]
+Plan = Callable[[list[int]], list[Any]]
+Build = Callable[[list[Sample], Any], MicroBatch]
+BUDGET = 96
 
-MODES: dict[str, tuple[Callable[[list[int], int], list[list[int]]], Collate]] = {
-    "naive": (lambda n, k: plan_microbatches(n, k, bucket=False), lambda s: collate(s, 64)),
-    "bucketed": (plan_microbatches, collate),
-    "packed": (plan_packed, lambda s: collate_packed(s, trained_only=False)),
-    "packed_trained_logits": (plan_packed, lambda s: collate_packed(s, trained_only=True)),
+
+def rows_of(samples: list[Sample], entry: list[list[int]], trained_only: bool) -> MicroBatch:
+    return collate_packed([[samples[i] for i in row] for row in entry], trained_only)
+
+
+MODES: dict[str, tuple[Plan, Build]] = {
+    "naive": (
+        lambda n: plan_microbatches(n, BUDGET, bucket=False),
+        lambda s, e: collate([s[i] for i in e], pad_to=64),
+    ),
+    "bucketed": (
+        lambda n: plan_microbatches(n, BUDGET),
+        lambda s, e: collate([s[i] for i in e]),
+    ),
+    "packed": (lambda n: plan_packed(n, BUDGET), lambda s, e: rows_of(s, e, False)),
+    "packed_trained_logits": (
+        lambda n: plan_packed(n, BUDGET),
+        lambda s, e: rows_of(s, e, True),
+    ),
+    "packed_short_rows": (  # rows of 48, two to a micro-batch: row padding, several rows
+        lambda n: plan_packed(n, 48, BUDGET),
+        lambda s, e: rows_of(s, e, True),
+    ),
 }
 
 
-def one_step(model: Any, samples: list[Sample], mode: str, cfg: LossConfig, budget: int) -> Any:
-    plan_fn, collate_fn = MODES[mode]
+def one_step(model: Any, samples: list[Sample], mode: str, cfg: LossConfig) -> Any:
+    plan_fn, build = MODES[mode]
     model.zero_grad(set_to_none=True)
     totals: BatchTotals = batch_totals(samples)
-    plan = plan_fn([len(s.tokens) for s in samples], budget)
+    plan = plan_fn([len(s.tokens) for s in samples])
     loss_sum, metric_sums = 0.0, {}
-    for idx in plan:
-        mb = collate_fn([samples[i] for i in idx])
+    for entry in plan:
+        mb = build(samples, entry)
         logp, entropy = model_logprobs(model, mb, cfg.entropy_coef > 0)
         x = LossInputs(
             logp, entropy, mb.mask, mb.advantages, mb.sft,
@@ -219,7 +252,7 @@ def test_every_mode_gives_the_same_loss_and_gradients(tiny_model: Path, name: st
     samples = mixed_samples(cfg)
     assert {s.sft for s in samples} == {True, False}
     assert len({s.temperature for s in samples}) >= 3
-    results = {mode: one_step(model, samples, mode, cfg, budget=96) for mode in MODES}
+    results = {mode: one_step(model, samples, mode, cfg) for mode in MODES}
     n_naive, loss, metrics, grads = results["naive"]
     assert abs(loss) > 1e-3 and metrics["clip_frac"] >= 0
     assert results["packed"][0] < results["bucketed"][0] <= n_naive  # fewer forward passes
@@ -239,9 +272,9 @@ def test_a_micro_batch_with_no_trained_token_still_reaches_every_parameter(
     model = load(tiny_model)
     sample = mixed_samples(LossConfig())[0]
     sample.weight = 0.0
-    mb = collate_packed([sample], trained_only=True)
+    mb = collate_packed([[sample]], trained_only=True)
     assert mb.packed is not None and mb.packed.scored is not None
-    assert mb.packed.scored.numel() == 0
+    assert not mb.packed.scored.any()
     logp, _ = model_logprobs(model, mb)
     (logp * mb.mask).sum().backward()
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
