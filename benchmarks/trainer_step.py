@@ -6,9 +6,9 @@ sequence lengths. Every mode has the same micro-batch token budget:
 
 - naive: rows in arrival order, every row padded to the longest sequence of the batch;
 - bucketed: rows sorted by length, grouped greedily so rows x longest row <= budget;
-- packed: whole sequences back to back in rows of <= budget tokens (first-fit decreasing;
-  ``--row-tokens`` for shorter rows, several per micro-batch), position_ids restarting per
-  sequence, block-diagonal attention, no padding; logits and
+- packed: whole sequences back to back in rows (first-fit decreasing; the trainer's
+  default row length, the power of two >= the longest sequence, several rows per
+  micro-batch), position_ids restarting per sequence, block-diagonal attention; logits and
   log-softmax at every position, as the padded modes (the gain from less padding alone);
 - packed_trained_logits: packed, and the vocabulary projection + log-softmax only at trained
   positions (the trainer's default; prompts are never trained).
@@ -46,7 +46,13 @@ from example_trainer.data import (
     plan_microbatches,
 )
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import collate_packed, model_logprobs, packed_costs, plan_packed
+from example_trainer.packing import (
+    collate_packed,
+    model_logprobs,
+    packed_costs,
+    plan_packed,
+    row_length,
+)
 
 MODES = ("naive", "bucketed", "packed", "packed_trained_logits")
 
@@ -89,7 +95,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
     packed = mode.startswith("packed")
     plan: list[Any]
     if packed:
-        plan = plan_packed(lengths, args.row_tokens or args.budget, args.budget)
+        row_tokens = args.row_tokens or row_length(lengths, args.budget)
+        plan = plan_packed(lengths, row_tokens, args.budget)
         padded = sum(packed_costs(plan, lengths))
     else:
         plan = plan_microbatches(lengths, args.budget, bucket=(mode == "bucketed"))
@@ -138,7 +145,9 @@ def main() -> None:
         "--steps", type=int, default=1, help="steps per mode (2+: first is warm-up)"
     )
     parser.add_argument(
-        "--row-tokens", type=int, help="packed: longest row (default: the budget, 1 row each)"
+        "--row-tokens",
+        type=int,
+        help="packed: tokens per row (default: power of two >= longest sequence, <= budget)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)

@@ -159,8 +159,9 @@ class TrainerConfig(BaseSettings):
     pack_row_tokens: int | None = Field(
         None,
         gt=0,
-        description="packed: longest packed row (default max_token_len, at most "
-        "micro_batch_tokens); attention costs grow with its square, rows share a micro-batch.",
+        description="packed: tokens per packed row (default: the power of two >= the "
+        "batch's longest sequence, at most max_token_len and micro_batch_tokens); the "
+        "attention cost grows with its square; rows share a micro-batch.",
     )
     trained_logits_only: bool = Field(
         True,

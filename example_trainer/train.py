@@ -59,7 +59,13 @@ from example_trainer.data import (
 )
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import collate_packed, model_logprobs, packed_costs, plan_packed
+from example_trainer.packing import (
+    collate_packed,
+    model_logprobs,
+    packed_costs,
+    plan_packed,
+    row_length,
+)
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
@@ -351,7 +357,8 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
 def micro_batch_plan(cfg: TrainerConfig, lengths: list[int]) -> tuple[list[Any], list[int]]:
     """Micro-batches (packed: lists of rows of sequence indices) and the tokens each costs."""
     if cfg.micro_batching == "packed":
-        row_tokens = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
+        cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
+        row_tokens = cap if cfg.pack_row_tokens else row_length(lengths, cap)
         packed = plan_packed(lengths, row_tokens, cfg.micro_batch_tokens)
         return list(packed), packed_costs(packed, lengths)
     plan = plan_microbatches(lengths, cfg.micro_batch_tokens)

@@ -12,8 +12,7 @@ import torch
 from trainer_helpers import ListClient, base_args, make_batch, state_dict_of
 
 from example_trainer.config import load_config
-from example_trainer.packing import plan_packed
-from example_trainer.train import train
+from example_trainer.train import micro_batch_plan, train
 
 WORKER = Path(__file__).parent / "ddp_worker.py"
 
@@ -38,7 +37,7 @@ def test_two_processes_match_one_process(
     assert cfg.micro_batching == "packed"  # the default is what runs under torchrun too
     for step in (1, 2):
         lengths = [len(t) for g in make_batch(seed=200 + step) for t in g["tokens"]]
-        assert len(plan_packed(lengths, 64, cfg.micro_batch_tokens)) == 3
+        assert len(micro_batch_plan(cfg, lengths)[0]) == 3
     train(cfg, ListClient(lambda step: make_batch(seed=200 + step)))
     multi = tmp_path / parallel
     torchrun(subprocess_env, str(tiny_model), str(multi), "2", "--parallel", parallel, *three_rows)

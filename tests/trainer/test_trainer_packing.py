@@ -23,7 +23,13 @@ from example_trainer.data import (
     shard_plan,
 )
 from example_trainer.loss import BatchTotals, LossInputs, grpo_loss
-from example_trainer.packing import collate_packed, model_logprobs, packed_costs, plan_packed
+from example_trainer.packing import (
+    collate_packed,
+    model_logprobs,
+    packed_costs,
+    plan_packed,
+    row_length,
+)
 
 
 def load(path: Path, attn: str = "sdpa") -> Any:
@@ -84,6 +90,13 @@ def test_a_sequence_longer_than_the_row_gets_a_row_of_its_own() -> None:
     assert plan_packed([300, 60, 50, 40], row_tokens=100) == [[[0]], [[1, 3]], [[2]]]
     # rows x longest row <= 200: the 100-token row and the 50-token row share one
     assert plan_packed([300, 60, 50, 40], 100, 200) == [[[0]], [[1, 3], [2]]]
+
+
+def test_default_row_length_fits_the_longest_sequence_in_a_power_of_two() -> None:
+    assert row_length([391, 20, 100], cap=1024) == 512
+    assert row_length([512, 3], cap=1024) == 512 and row_length([513], cap=4096) == 1024
+    assert row_length([391], cap=256) == 256  # capped by max_token_len / micro_batch_tokens
+    assert row_length([1], cap=64) == 1
 
 
 def test_packed_shards_balance_by_row_tokens() -> None:
