@@ -46,7 +46,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn  # after parsing, so that --help and bad flags answer at once
 
     from atroposlib.api.app import create_app
-    from atroposlib.api.serving import CoalescingHttpToolsProtocol
     from atroposlib.api.store import open_store
     from atroposlib.errors import ConfigError
 
@@ -74,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=CoalescingHttpToolsProtocol,
+        http="httptools",
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
     )
