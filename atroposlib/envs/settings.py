@@ -4,6 +4,8 @@ Sources, highest first: CLI flags, environment variables (``ATROPOS_ENV__GROUP_S
 the YAML file named by ``--config``, then ``config_init()`` (plus the command's defaults).
 ``openai`` may be one server (flags ``--openai.<field>``) or, in YAML, a list of servers;
 flags and variables for ``openai`` then apply to every server in the list.
+``ATROPOS_API_KEY`` (the broker's own variable) fills ``env.rollout_server_api_key`` unless
+``ATROPOS_ENV__ROLLOUT_SERVER_API_KEY`` or the flag sets it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from atroposlib.errors import ConfigError
 from atroposlib.utils.yaml_settings import LayeredSettings, read_yaml_config
 
 ENV_PREFIX = "ATROPOS_"
+API_KEY_VARIABLE = "ATROPOS_API_KEY"  # the broker's key, shared by every process of a run
 YAML_KEYS = ("env", "openai", "slurm", "testing")
 
 
@@ -145,6 +148,9 @@ def resolve_settings(
     if environ is not None:
         env_source.env_vars = {k.lower(): v for k, v in environ.items()}
     from_env = env_source()
+    shared_key = env_source.env_vars.get(API_KEY_VARIABLE.lower())
+    if shared_key and "rollout_server_api_key" not in (from_env.get("env") or {}):
+        from_env["env"] = {**(from_env.get("env") or {}), "rollout_server_api_key": shared_key}
     config_path = cli.get("config") or from_env.get("config")
     from_yaml = read_yaml_config(config_path, keys=YAML_KEYS) if config_path else {}
 
