@@ -19,6 +19,9 @@ from envs_testlib import Process, broker_process, child_env, env_command
 from example_env import AdditionEnv
 
 from atroposlib.envs.cli import parse_settings
+from atroposlib.envs.sender import GroupSender
+from atroposlib.envs.spool import Spool
+from atroposlib.errors import BrokerRejectedError
 
 KEY = "s3cret-broker-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -129,3 +132,32 @@ def test_a_key_in_the_yaml_is_below_atropos_api_key(tmp_path: Path) -> None:
     assert from_yaml.env.rollout_server_api_key.get_secret_value() == "from-yaml"
     shared = parse_settings(AdditionEnv, "serve", argv, environ={"ATROPOS_API_KEY": "shared"})
     assert shared.env.rollout_server_api_key.get_secret_value() == "shared"
+
+
+class LockedPoster:
+    """Refuses posts with 401 until ``unlock()`` (a broker restarted with another key)."""
+
+    def __init__(self) -> None:
+        self.locked, self.accepted = True, []
+
+    def unlock(self) -> None:
+        self.locked = False
+
+    async def post_groups(self, groups: list[dict]) -> None:
+        if self.locked:
+            raise BrokerRejectedError(401, "missing or wrong bearer token")
+        self.accepted.extend(group["group_id"] for group in groups)
+
+
+async def test_groups_refused_with_401_stay_spooled_not_dropped(tmp_path: Path) -> None:
+    poster = LockedPoster()
+    sender = GroupSender(poster, Spool(tmp_path / "spool.jsonl"), retry_interval_s=0.01)
+    sender.start()
+    sender.submit({"group_id": "g1", "scores": [1.0]})
+    assert not await sender.flush(timeout=0.3)
+    assert sender.unauthorized and sender.rejected == 0
+    assert list(Spool(tmp_path / "spool.jsonl").pending) == ["g1"]  # on disk for the next run
+    poster.unlock()
+    assert await sender.flush(timeout=5)
+    assert poster.accepted == ["g1"] and not sender.unauthorized
+    await sender.close()
