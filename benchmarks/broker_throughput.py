@@ -881,13 +881,16 @@ def format_ratios(items: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def shapes_for(quick: bool) -> tuple[list[Shape], list[Shape]]:
-    """Closed-loop shapes and backlog shapes (backlogs of 2.6M/3.1M tokens; quick: a quarter)."""
+def shapes_for(quick: bool, longer: int = 1) -> tuple[list[Shape], list[Shape]]:
+    """Closed-loop shapes (``longer`` times the groups) and backlog shapes (2.6M/3.1M tokens).
+
+    ``quick`` takes a quarter of everything.
+    """
     scale = 4 if quick else 1
     return (
         [
-            Shape(4, 8, 512, 64, groups_per_env=96 // scale),
-            Shape(4, 16, 4096, 256, groups_per_env=16 // scale),
+            Shape(4, 8, 512, 64, groups_per_env=96 * longer // scale),
+            Shape(4, 16, 4096, 256, groups_per_env=16 * longer // scale),
         ],
         [
             Shape(4, 8, 512, 64, groups_per_env=160 // scale),
@@ -914,6 +917,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per row; the fastest is kept (busy hosts)"
     )
+    parser.add_argument(
+        "--longer",
+        type=int,
+        default=1,
+        help="closed-loop runs post this many times the groups (steadier figures: our runs "
+        "last well under a second at 1)",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument(
         "--ours-src", type=Path, default=ROOT, help="source tree of our atroposlib (default: here)"
@@ -934,7 +944,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--encodings takes json and/or msgpack")
     if "atropos" in servers:
         ensure_atropos_venv()
-    shapes, backlog_shapes = shapes_for(args.quick)
+    shapes, backlog_shapes = shapes_for(args.quick, max(1, args.longer))
     try:
         picked = sorted({int(x) for x in args.shapes.split(",") if x})
         shapes = [shapes[i - 1] for i in picked]

@@ -7,23 +7,21 @@ Precedence: command line > environment (``ATROPOS_TRAINER_``, nested with ``__``
 
 from __future__ import annotations
 
-import contextvars
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict, SettingsError
 
 from atroposlib.errors import ConfigError
+from atroposlib.utils.yaml_settings import (
+    LayeredSettings,
+    config_flag,
+    read_yaml_config,
+    yaml_layer,
+)
 
 FULL_SYNC = ("disk", "vllm_restart")
-_YAML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("yaml", default=None)
 
 
 class LossConfig(BaseModel):
@@ -120,7 +118,7 @@ class WandbConfig(BaseModel):
     name: str | None = Field(None, description="wandb run name.")
 
 
-class TrainerConfig(BaseSettings):
+class TrainerConfig(LayeredSettings):
     """GRPO trainer for atroposlib: pulls scored groups from the broker and trains on them."""
 
     model_config = SettingsConfigDict(
@@ -148,13 +146,14 @@ class TrainerConfig(BaseSettings):
     micro_batch_tokens: int = Field(
         8192,
         gt=0,
-        description="Tokens per micro-batch (forward/backward unit): the packed row length, "
-        "or rows x longest row when bucketed.",
+        description="Tokens per micro-batch (forward/backward unit): rows x longest row, "
+        "packed or bucketed.",
     )
     micro_batching: Literal["packed", "bucketed"] = Field(
         "packed",
-        description="packed: whole sequences back to back in one row (block-diagonal "
-        "attention, no padding); bucketed: rows of similar length, padded to the longest.",
+        description="packed: whole sequences back to back in rows (block-diagonal "
+        "attention, almost no padding); bucketed: one sequence per row, rows of similar "
+        "length padded to the longest.",
     )
     pack_row_tokens: int | None = Field(
         None,
@@ -218,22 +217,6 @@ class TrainerConfig(BaseSettings):
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA options.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb options.")
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The CLI source is put in front of these by pydantic-settings.
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        yaml_file = _YAML_FILE.get()
-        if yaml_file is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
-        return tuple(sources)
-
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.weight_sync == "lora" and not self.lora.enabled:
@@ -266,15 +249,6 @@ class TrainerConfig(BaseSettings):
         return self.loss.constant_normalizer or self.max_token_len
 
 
-def _pop_config_flag(argv: list[str]) -> Path | None:
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return Path(argv[i + 1])
-        if arg.startswith("--config="):
-            return Path(arg.split("=", 1)[1])
-    return None
-
-
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "config"
@@ -285,15 +259,11 @@ def _one_line(err: ValidationError) -> str:
 def load_config(argv: list[str] | None = None, **overrides: Any) -> TrainerConfig:
     """Parse ``argv`` (never sys.argv implicitly) with env vars and ``--config`` YAML."""
     args = list(argv or [])
-    yaml_file = _pop_config_flag(args)
-    if yaml_file is not None and not yaml_file.is_file():
-        raise ConfigError(f"config: {yaml_file} does not exist; pass an existing YAML file")
-    token = _YAML_FILE.set(yaml_file)
+    yaml_file = config_flag(args)
     try:
-        return TrainerConfig(_cli_parse_args=args, _cli_exit_on_error=False, **overrides)
+        with yaml_layer(read_yaml_config(yaml_file) if yaml_file else None):
+            return TrainerConfig(_cli_parse_args=args, _cli_exit_on_error=False, **overrides)
     except ValidationError as err:
         raise ConfigError(_one_line(err)) from err
     except SettingsError as err:
         raise ConfigError(str(err).removeprefix("error parsing CLI: ").replace("\n", " ")) from err
-    finally:
-        _YAML_FILE.reset(token)

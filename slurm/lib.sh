@@ -56,16 +56,28 @@ atropos_name_of() {
     printf 'unknown'
 }
 
-# atropos_wait_healthy NAME URL [TIMEOUT_S]: poll URL until it answers 2xx.
-# Fails at once when the component's process has already exited.
+# atropos_probe URL [TOKEN]: one GET that answers 2xx. A bearer TOKEN goes in a header that
+# curl reads from a pipe, so it never shows on a command line (ps, commands.tsv).
+atropos_probe() {
+    local url=$1 token=${2:-}
+    if [[ -n $token ]]; then
+        curl --silent --fail --max-time 5 --output /dev/null \
+            --header @<(printf 'Authorization: Bearer %s\n' "$token") "$url"
+    else
+        curl --silent --fail --max-time 5 --output /dev/null "$url"
+    fi
+}
+
+# atropos_wait_healthy NAME URL [TIMEOUT_S] [TOKEN]: poll URL until it answers 2xx (with a
+# bearer TOKEN when given). Fails at once when the component's process has already exited.
 atropos_wait_healthy() {
-    local name=$1 url=$2 timeout=${3:-${HEALTH_TIMEOUT:-900}}
+    local name=$1 url=$2 timeout=${3:-${HEALTH_TIMEOUT:-900}} token=${4:-}
     local deadline=$((SECONDS + timeout)) pid="" i
     for i in "${!ATROPOS_NAMES[@]}"; do
         [[ ${ATROPOS_NAMES[$i]} == "$name" ]] && pid=${ATROPOS_PIDS[$i]}
     done
     atropos_log "waiting for $name at $url (up to ${timeout}s)"
-    until curl --silent --fail --max-time 5 --output /dev/null "$url"; do
+    until atropos_probe "$url" "$token"; do
         if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
             atropos_die "$name exited before it was healthy; see $LOG_DIR/$name.log"
         fi

@@ -1,27 +1,27 @@
 """The broker's HTTP face: ``create_app(settings)`` builds a FastAPI app around a :class:`Broker`.
 
-Routes translate HTTP only. The hot paths (``/scored_data``, ``/scored_data_list``, ``/batch``)
-read raw bodies, decode them with :mod:`atroposlib.codec` (JSON or msgpack) and answer orjson /
-msgpack bytes; no pydantic on token lists. All state lives in the lifespan.
+Routes translate HTTP only. The per-group routes (``/scored_data``, ``/scored_data_list``,
+``/batch``) live in :mod:`atroposlib.api.hot`: raw bodies in, orjson / msgpack bytes out, no
+pydantic on token lists, served straight from ASGI. All state lives in the lifespan.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import GzipAnswers
+from atroposlib.api.hot import Answer, Handler, HotRoutes, error_answer, unauthorized_answer
 from atroposlib.api.http import bearer_ok, encoded, read_body, read_model
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
@@ -39,8 +39,6 @@ from atroposlib.protocol import (
     EnvRef,
     EnvRegistration,
     HealthResponse,
-    ScoredDataListResponse,
-    ScoredDataResponse,
     SuccessResponse,
     TrainerRegistration,
     TrainerRegistrationResponse,
@@ -63,34 +61,43 @@ class _Runtime:
 def _error_handlers() -> dict[
     int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]
 ]:
-    async def invalid_group(_: Request, err: InvalidGroupError) -> Response:
-        return JSONResponse({"detail": str(err)}, status_code=422)
+    async def broker_error(_: Request, err: Exception) -> Response:
+        answer = error_answer(err)
+        assert answer is not None, f"no HTTP answer for {type(err).__name__}"
+        return _response(answer)
 
-    async def unknown_env(_: Request, err: UnknownEnvError) -> Response:
-        return JSONResponse({"detail": str(err)}, status_code=404)
+    errors = (
+        InvalidGroupError, UnknownEnvError, TrainerNotRegisteredError, QueueFullError,
+        RequestBodyError,
+    )  # fmt: skip
+    return {error: broker_error for error in errors}
 
-    async def not_registered(_: Request, err: TrainerNotRegisteredError) -> Response:
-        return JSONResponse({"detail": str(err)}, status_code=409)
 
-    async def queue_full(_: Request, err: QueueFullError) -> Response:
-        headers = {"Retry-After": str(err.retry_after)}
-        return JSONResponse({"detail": str(err)}, status_code=503, headers=headers)
+def _response(answer: Answer) -> Response:
+    return Response(
+        answer.body, status_code=answer.status, media_type=answer.media_type,
+        headers=answer.headers,
+    )  # fmt: skip
 
-    async def bad_body(_: Request, err: RequestBodyError) -> Response:
-        return JSONResponse({"detail": err.message}, status_code=err.status_code)
 
-    return {
-        InvalidGroupError: invalid_group,
-        UnknownEnvError: unknown_env,
-        TrainerNotRegisteredError: not_registered,
-        QueueFullError: queue_full,
-        RequestBodyError: bad_body,
-    }
+class BrokerApp(FastAPI):
+    """FastAPI, except that the per-group routes are served by :class:`HotRoutes` directly."""
+
+    hot_routes: HotRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hot = self.hot_routes
+        if hot is not None and scope["type"] == "http":
+            handler = hot.routes.get((scope["method"], scope["path"]))
+            if handler is not None:
+                await hot.serve(handler, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
     settings: BrokerSettings | None = None, *, store: GroupStore | None = None
-) -> FastAPI:
+) -> BrokerApp:
     """A broker app; it opens ``settings.store`` (or uses ``store``) when its lifespan starts."""
     settings = settings or BrokerSettings()
     runtime = _Runtime()
@@ -113,7 +120,7 @@ def create_app(
             raise _UnauthorizedError
 
     public_docs = settings.api_key is None
-    app = FastAPI(
+    app = BrokerApp(
         title="atroposlib broker",
         openapi_url="/openapi.json" if public_docs else None,
         lifespan=lifespan,
@@ -121,6 +128,7 @@ def create_app(
         exception_handlers=_error_handlers(),
     )
     app.add_exception_handler(_UnauthorizedError, _unauthorized)
+    hot = HotRoutes(runtime.get, settings, metrics)
     app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
     if settings.cors_origins:
         app.add_middleware(
@@ -152,19 +160,6 @@ def create_app(
     async def register(request: Request) -> TrainerRegistrationResponse:
         registration = await read_model(request, settings, TrainerRegistration)
         return TrainerRegistrationResponse(uuid=broker().register_trainer(registration))
-
-    async def batch(request: Request) -> Response:
-        started = time.perf_counter()
-        formed = broker().next_batch()
-        metrics.batch_seconds.observe(time.perf_counter() - started)
-        if formed is None:
-            return encoded(request, {"batch": None, "step": None})
-        step, groups = formed
-        if codec.is_msgpack(request.headers.get("accept")):
-            groups = [codec.pack_group(group) for group in groups]
-        response = encoded(request, {"batch": groups, "step": step})
-        metrics.bytes_out.inc(len(response.body))
-        return response
 
     @app.post("/ack")
     async def ack(request: Request) -> AcknowledgementResponse:
@@ -202,23 +197,6 @@ def create_app(
             env_id = (await read_model(request, settings, EnvRef)).env_id
         return broker().status_env(env_id).model_dump()
 
-    async def scored_data(request: Request) -> Response:
-        body = await read_body(request, settings)
-        metrics.bytes_in.inc(len(body))
-        raw = codec.decode(body, request.headers.get("content-type"))
-        result = broker().ingest([raw])
-        return encoded(request, ScoredDataResponse(duplicate=result.duplicates > 0).model_dump())
-
-    async def scored_data_list(request: Request) -> Response:
-        body = await read_body(request, settings)
-        metrics.bytes_in.inc(len(body))
-        raws = codec.decode(body, request.headers.get("content-type"))
-        if not isinstance(raws, list):
-            raise InvalidGroupError("body", "must be a JSON array of groups")
-        result = broker().ingest(raws, as_list=True)
-        answer = ScoredDataListResponse(groups_processed=len(raws), duplicates=result.duplicates)
-        return encoded(request, answer.model_dump())
-
     # -- views and maintenance -----------------------------------------------------------
 
     @app.get("/latest_example")
@@ -239,45 +217,25 @@ def create_app(
         broker().reset()
         return PlainTextResponse("Reset successful")
 
-    _add_hot_routes(
-        app,
-        settings,
-        [("/batch", "GET", batch), ("/scored_data", "POST", scored_data),
-         ("/scored_data_list", "POST", scored_data_list)],
-    )  # fmt: skip
+    for (method, path), handler in hot.routes.items():
+        app.add_api_route(
+            path, _route(handler, settings), methods=[method], response_class=Response
+        )
+    if not settings.cors_origins:
+        app.hot_routes = hot  # CORS headers need the middleware stack
     return app
 
 
-def _add_hot_routes(
-    app: FastAPI,
-    settings: BrokerSettings,
-    routes: list[tuple[str, str, Callable[[Request], Coroutine[Any, Any, Response]]]],
-) -> None:
-    """The per-group routes as plain Starlette routes, matched first.
-
-    They take only the request and answer bytes, so FastAPI's dependency solving and the
-    walk past the other routes are pure overhead on them (measured in
-    benchmarks/broker_request_overhead.py). They stay in the OpenAPI schema as API routes.
-    """
-    api_key = settings.api_key
-    hot: list[Route] = []
-    for path, method, handler in routes:
-        app.add_api_route(path, handler, methods=[method], response_class=Response)
-        if api_key is not None:
-            handler = _with_auth(handler, api_key)
-        hot.append(Route(path, handler, methods=[method], include_in_schema=False))
-    app.router.routes[:0] = hot
-
-
-def _with_auth(
-    handler: Callable[[Request], Coroutine[Any, Any, Response]], api_key: str
+def _route(
+    handler: Handler, settings: BrokerSettings
 ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-    async def checked(request: Request) -> Response:
-        if not bearer_ok(request, api_key):
-            raise _UnauthorizedError
-        return await handler(request)
+    """A hot route as an ordinary FastAPI route (OpenAPI schema; CORS setups)."""
 
-    return checked
+    async def route(request: Request) -> Response:
+        body = await read_body(request, settings) if request.method == "POST" else b""
+        return _response(await handler(request.headers, body))
+
+    return route
 
 
 class _UnauthorizedError(Exception):
@@ -285,8 +243,4 @@ class _UnauthorizedError(Exception):
 
 
 async def _unauthorized(_: Request, __: Exception) -> Response:
-    return JSONResponse(
-        {"detail": "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"},
-        status_code=401,
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+    return _response(unauthorized_answer())

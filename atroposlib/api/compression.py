@@ -31,20 +31,48 @@ def igzip_level(gzip_level: int) -> int:
     return max(1, min(3, (gzip_level + 2) // 3))
 
 
+def accepts_gzip(accept_encoding: bytes | str | None) -> bool:
+    if accept_encoding is None:
+        return False
+    if isinstance(accept_encoding, str):
+        accept_encoding = accept_encoding.encode("latin-1")
+    return b"gzip" in accept_encoding.lower()
+
+
 def _accepts_gzip(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"accept-encoding":
-            return b"gzip" in value.lower()
+            return accepts_gzip(value)
     return False
+
+
+def compressible_type(content_type: bytes) -> bool:
+    return not content_type.lower().startswith(_NOT_COMPRESSED)
 
 
 def _compressible(headers: list[tuple[bytes, bytes]]) -> bool:
     for name, value in headers:
         if name == b"content-encoding":
             return False
-        if name == b"content-type" and value.lower().startswith(_NOT_COMPRESSED):
+        if name == b"content-type" and not compressible_type(value):
             return False
     return True
+
+
+class Gzipper:
+    """The compression itself, shared by the middleware and the broker's hot routes."""
+
+    def __init__(self, *, minimum_size: int = 1000, gzip_level: int = 1) -> None:
+        self.minimum_size = minimum_size
+        self.level = igzip_level(gzip_level)
+
+    async def compress(self, body: bytes) -> bytes:
+        if len(body) >= _THREAD_MINIMUM:
+            return await anyio.to_thread.run_sync(self.compress_now, body)
+        return self.compress_now(body)
+
+    def compress_now(self, body: bytes) -> bytes:
+        return isal_zlib.compress(body, self.level, wbits=_GZIP_WBITS)
 
 
 class GzipAnswers:
@@ -52,8 +80,9 @@ class GzipAnswers:
 
     def __init__(self, app: ASGIApp, *, minimum_size: int = 1000, gzip_level: int = 1) -> None:
         self.app = app
+        self.gzipper = Gzipper(minimum_size=minimum_size, gzip_level=gzip_level)
         self.minimum_size = minimum_size
-        self.level = igzip_level(gzip_level)
+        self.level = self.gzipper.level
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _accepts_gzip(scope):
@@ -80,10 +109,7 @@ class GzipAnswers:
                 await send(held)
                 await send(message)
                 return
-            if len(body) >= _THREAD_MINIMUM:
-                body = await anyio.to_thread.run_sync(self._compress, body)
-            else:
-                body = self._compress(body)
+            body = await self.gzipper.compress(body)
             headers = [(k, v) for k, v in headers if k != b"content-length"]
             headers += [
                 (b"content-encoding", b"gzip"),
@@ -96,4 +122,4 @@ class GzipAnswers:
         await self.app(scope, receive, send_compressed)
 
     def _compress(self, body: bytes) -> bytes:
-        return isal_zlib.compress(body, self.level, wbits=_GZIP_WBITS)
+        return self.gzipper.compress_now(body)

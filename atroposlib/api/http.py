@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import zlib
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
 from fastapi import Request, Response
@@ -61,17 +62,24 @@ class Inflater:
 
 async def read_body(request: Request, settings: BrokerSettings) -> bytes:
     """The request body, inflated when gzip, within the size limits (413) or a 400."""
+    return await read_body_chunks(request.headers, request.stream(), settings)
+
+
+async def read_body_chunks(
+    headers: Mapping[str, str], chunks: AsyncIterator[bytes], settings: BrokerSettings
+) -> bytes:
+    """:func:`read_body` for a body arriving as ``chunks`` with these (lower-case) headers."""
     limit = settings.max_request_bytes
-    declared = request.headers.get("content-length")
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestBodyError(413, f"body of {declared} bytes exceeds {limit} (max_request_bytes)")
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip", ""):
         raise RequestBodyError(400, f"Content-Encoding {encoding!r} unsupported; use gzip or none")
     inflater = Inflater(settings.max_inflated_bytes) if encoding == "gzip" else None
     raw = bytearray()
     received = 0
-    async for chunk in request.stream():
+    async for chunk in chunks:
         received += len(chunk)
         if received > limit:
             raise RequestBodyError(413, f"body exceeds {limit} bytes (max_request_bytes)")
@@ -101,6 +109,9 @@ def encoded(request: Request, payload: Any, status_code: int = 200) -> Response:
 
 
 def bearer_ok(request: Request, api_key: str) -> bool:
-    header = request.headers.get("authorization", "")
+    return bearer_header_ok(request.headers.get("authorization", ""), api_key)
+
+
+def bearer_header_ok(header: str, api_key: str) -> bool:
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), api_key)

@@ -50,6 +50,9 @@ def _in_int32(arr: np.ndarray) -> bool:
 
 
 def _int_row(field: str, index: int, row: Any) -> np.ndarray:
+    dtype = PACKED_DTYPES[field]
+    if isinstance(row, np.ndarray) and row.dtype == dtype and row.ndim == 1:
+        return row  # decoded straight into int32 (atroposlib.api.fastjson): nothing to check
     if isinstance(row, bytes | bytearray | memoryview):
         if len(row) % 4:
             raise InvalidGroupError(

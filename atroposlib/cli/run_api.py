@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -62,8 +63,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings.host, settings.port, settings.store,
         "bearer" if settings.api_key else "none",
     )  # fmt: skip
+    app = create_app(settings)
+    # Everything built so far (modules, routes, schemas) lives as long as the process: keep it
+    # out of the collector's full passes, each of which otherwise stalls requests ~15 ms.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",

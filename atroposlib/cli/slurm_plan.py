@@ -102,6 +102,11 @@ def broker_flags(path: Path) -> list[str]:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--broker-flags: {path} must hold a mapping of broker settings")
+    if "api_key" in data:
+        raise ConfigError(
+            f"--broker-flags: {path} sets api_key, which would put the key on the broker's "
+            "command line (ps, commands.tsv); remove it and export ATROPOS_API_KEY for the job"
+        )
     flags: list[str] = []
     for name, value in data.items():
         flag = "--" + str(name).replace("_", "-")

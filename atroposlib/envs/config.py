@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 
 class EvalHandlingEnum(Enum):
@@ -63,6 +63,11 @@ class BaseEnvConfig(BaseModel):
     use_wandb: bool = Field(default=True, description="Log metrics to Weights & Biases.")
     rollout_server_url: str = Field(
         default="http://localhost:8000", description="URL of the broker (run-api)."
+    )
+    rollout_server_api_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of a broker started with --api-key (default: the "
+        "ATROPOS_API_KEY variable); never logged.",
     )
     total_steps: int = Field(
         default=1000,

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from atroposlib.envs.storage import free_path
+from atroposlib.errors import BrokerRejectedError, ConfigError
 from atroposlib.utils.html_report import render_groups_html
 
 if TYPE_CHECKING:
@@ -58,13 +59,27 @@ async def serve(env: BaseEnv) -> None:
     from atroposlib.api.client import EnvClient
     from atroposlib.envs.runner import EnvRunner
 
-    url = env.config.rollout_server_url
+    url, secret = env.config.rollout_server_url, env.config.rollout_server_api_key
+    api_key = secret.get_secret_value() if secret is not None else None
     encoding = await broker_encoding(url)
     try:
-        async with EnvClient(base_url=url, max_retries=3, encoding=encoding) as client:
+        async with EnvClient(url, api_key, max_retries=3, encoding=encoding) as client:
             await EnvRunner(env, client).run()
+    except BrokerRejectedError as exc:
+        if exc.status_code != 401:
+            raise
+        raise ConfigError(unauthorized_reason(url, api_key is not None)) from exc
     finally:
         await env.server.close()
+
+
+def unauthorized_reason(url: str, sent_a_key: bool) -> str:
+    """What to do when the broker answers 401 (retrying cannot help, so the env stops)."""
+    problem = "refused the API key this env sent" if sent_a_key else "requires an API key"
+    return (
+        f"the broker at {url} {problem} (401); set ATROPOS_API_KEY or "
+        "--env.rollout_server_api_key to the key run-api was started with"
+    )
 
 
 def _for_report(env: BaseEnv, group: dict[str, Any]) -> dict[str, Any]:

@@ -128,7 +128,8 @@ class EnvRunner:
             rollout.task.cancel()
         if self.eval_task is not None:
             self.eval_task.cancel()
-        if self.sender.started and not await self.sender.flush(timeout=60):
+        flush_s = 0 if self.sender.unauthorized else 60  # a refused key will not be accepted
+        if self.sender.started and not await self.sender.flush(timeout=flush_s):
             logger.warning("%d groups still spooled at %s", self.sender.backlog, self.spool.path)
         await self.sender.close()
         if self.group_file is not None:

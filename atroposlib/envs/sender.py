@@ -44,6 +44,7 @@ class GroupSender:
         self.post_limit = MAX_GROUPS_PER_POST
         self.posting = 0
         self.rejected = 0
+        self.unauthorized = False
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -100,6 +101,7 @@ class GroupSender:
             return await self._rejected(batch, exc, spooled=spooled)
         finally:
             self.posting = 0
+        self.unauthorized = False
         self.sent += len(batch)
         self.post_limit = min(MAX_GROUPS_PER_POST, self.post_limit * 2)
         if spooled:
@@ -110,6 +112,15 @@ class GroupSender:
     async def _rejected(
         self, batch: list[dict[str, Any]], exc: BrokerRejectedError, *, spooled: bool
     ) -> bool:
+        if exc.status_code == 401:  # the broker wants another key: keep them for a run that has it
+            if not self.unauthorized:
+                logger.error(
+                    "broker refused the API key: groups stay spooled at %s", self.spool.path
+                )
+            self.unauthorized = True
+            if not spooled:
+                self.spool.add(batch)
+            return False
         if exc.status_code == 404 and self.on_unknown_env is not None:
             env_id = await self.on_unknown_env()
             for group in batch:

@@ -4,33 +4,33 @@ Sources, highest first: CLI flags, environment variables (``ATROPOS_ENV__GROUP_S
 the YAML file named by ``--config``, then ``config_init()`` (plus the command's defaults).
 ``openai`` may be one server (flags ``--openai.<field>``) or, in YAML, a list of servers;
 flags and variables for ``openai`` then apply to every server in the list.
+``ATROPOS_API_KEY`` (the broker's own variable) fills ``env.rollout_server_api_key`` unless
+``ATROPOS_ENV__ROLLOUT_SERVER_API_KEY`` or the flag sets it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import yaml
 from pydantic import Field, create_model
-from pydantic_settings import (
-    BaseSettings,
-    CliSettingsSource,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import CliSettingsSource, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import CliSuppress
 
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.errors import ConfigError
+from atroposlib.utils.yaml_settings import LayeredSettings, read_yaml_config
 
 ENV_PREFIX = "ATROPOS_"
+API_KEY_VARIABLE = "ATROPOS_API_KEY"  # the broker's key, shared by every process of a run
+YAML_KEYS = ("env", "openai", "slurm", "testing")
 
 
-class EnvCliSettings(BaseSettings):
+class EnvCliSettings(LayeredSettings):
     """Fields every command shares; ``env`` is replaced by the env's own config class."""
+
+    sources_merged_by_caller: ClassVar[bool] = True  # resolve_settings merges the four sources
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", cli_implicit_flags=True
@@ -44,17 +44,6 @@ class EnvCliSettings(BaseSettings):
     slurm: bool = Field(default=False, description="Discover inference servers from SLURM.")
     testing: bool = Field(default=False, description="Canned local answers, no inference server.")
     config: str | None = Field(default=None, description="YAML file with env: and openai: keys.")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
 
 
 def settings_model(env_config_cls: type[BaseEnvConfig], command: str) -> type[EnvCliSettings]:
@@ -85,19 +74,6 @@ def _overlay_openai(current: Any, update: Any, baseline: ServerBaseline | None) 
         return [{**server, **update} for server in current]
     base = current if current is not None else (baseline.model_dump() if baseline else {})
     return {**base, **update}
-
-
-def _read_yaml(path: str) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config: file {path} does not exist")
-    data = yaml.safe_load(file.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config: {path} must hold a mapping with env: and openai: keys")
-    unknown = set(data) - {"env", "openai", "slurm", "testing"}
-    if unknown:
-        raise ConfigError(f"--config: unknown top-level keys {sorted(unknown)} in {path}")
-    return data
 
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -172,8 +148,11 @@ def resolve_settings(
     if environ is not None:
         env_source.env_vars = {k.lower(): v for k, v in environ.items()}
     from_env = env_source()
+    shared_key = env_source.env_vars.get(API_KEY_VARIABLE.lower())
+    if shared_key and "rollout_server_api_key" not in (from_env.get("env") or {}):
+        from_env["env"] = {**(from_env.get("env") or {}), "rollout_server_api_key": shared_key}
     config_path = cli.get("config") or from_env.get("config")
-    from_yaml = _read_yaml(config_path) if config_path else {}
+    from_yaml = read_yaml_config(config_path, keys=YAML_KEYS) if config_path else {}
 
     env_config, servers = defaults
     baseline = servers if isinstance(servers, ServerBaseline) else None

@@ -19,7 +19,7 @@ from atroposlib.envs.reward_fns.code_rewards import execution_reward, extract_py
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_python
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
+from atroposlib.utils.chat_group import chat_group, sample_replies
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = "You write Python. Reply with one ```python code block and nothing else."
@@ -99,20 +99,21 @@ class CodeExecutionEnv(BaseEnv):
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_prompt(item)},
         ]
-        completion = await self.server.chat_completion(
-            messages=chat,
+        replies = await sample_replies(
+            self.server,
+            chat,
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
         )
-        replies = [choice.message.content or "" for choice in completion.choices]
-        results = await asyncio.gather(*(self.run_code(reply, item) for reply in replies))
-        scores = [score_run(result, self.config.mode) for result in results]
-        chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
-        reasons = [choice.finish_reason or "" for choice in completion.choices]
-        group = chat_group(self.tokenizer, chats, scores, finish_reasons=reasons)
-        statuses = [result.status.value for result in results]
-        group["overrides"] = [{"sandbox_status": status} for status in statuses]
+        results = await asyncio.gather(*(self.run_code(reply, item) for reply in replies.texts))
+        group = chat_group(
+            self.tokenizer,
+            replies.chats(),
+            [score_run(result, self.config.mode) for result in results],
+            finish_reasons=replies.finish_reasons,
+            overrides=[{"sandbox_status": result.status.value} for result in results],
+        )
         return group, []
 
 

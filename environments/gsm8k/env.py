@@ -5,6 +5,7 @@ Run: ``python environments/gsm8k/env.py serve --config environments/gsm8k/config
 instead of the hub's ``openai/gsm8k`` (``main``).
 """
 
+import asyncio
 import json
 import random
 import time
@@ -17,7 +18,7 @@ from atroposlib.envs.reward_fns.answers import extract_final_number
 from atroposlib.envs.reward_fns.math_rewards import gsm8k_reward
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
+from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = (
@@ -78,42 +79,33 @@ class GSM8KEnv(BaseEnv):
         ]
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        chat = self.prompt(item["question"])
-        completion = await self.server.chat_completion(
-            messages=chat,
+        group = await sample_group(
+            self.server,
+            self.tokenizer,
+            self.prompt(item["question"]),
+            lambda replies: gsm8k_reward(replies, [item["answer"]] * len(replies)),
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
         )
-        replies = [choice.message.content or "" for choice in completion.choices]
-        scores = gsm8k_reward(replies, [item["answer"]] * len(replies))
-        chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
-        reasons = [choice.finish_reason or "" for choice in completion.choices]
-        return chat_group(self.tokenizer, chats, scores, finish_reasons=reasons), []
+        return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:
-        started, samples = time.time(), []
-        for row in self.test:
-            completion = await self.server.chat_completion(
-                messages=self.prompt(row["question"]),
-                n=1,
-                max_tokens=self.config.max_completion_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            reply = completion.choices[0].message.content or ""
-            score = gsm8k_reward([reply], [row["answer"]])[0]
-            samples.append(
-                {
-                    "question": row["question"],
-                    "response": reply,
-                    "score": score,
-                    "predicted": extract_final_number(reply),
-                }
-            )
+        started = time.time()
+        samples = await asyncio.gather(*(self.evaluate_one(row) for row in self.test))
         accuracy = sum(s["score"] for s in samples) / max(1, len(samples))
         metrics = {"eval/accuracy": accuracy}
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
+
+    async def evaluate_one(self, row: dict) -> dict:
+        """Greedy answer to one test problem (all of them are in flight at once)."""
+        prompt = self.prompt(row["question"])
+        reply = await greedy_reply(
+            self.server, prompt, max_tokens=self.config.max_completion_tokens
+        )
+        score = gsm8k_reward([reply], [row["answer"]])[0]
+        return {"question": row["question"], "response": reply, "score": score,
+                "predicted": extract_final_number(reply)}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ the number of words per question. Replies answer inside ``<answer>…</answer>``
 1.0 for the right count plus ``format_weight`` for a well-formed reply.
 """
 
+import asyncio
 import random
 import string
+import time
 
 from pydantic import Field
 
@@ -15,7 +17,7 @@ from atroposlib.envs.reward_fns.answers import extract_answer_tag, normalize_num
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
+from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 WORDS = [
     "strawberry",
@@ -128,31 +130,33 @@ class LetterCountingEnv(BaseEnv):
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        chat = self.prompt(item["question"])
-        completion = await self.server.chat_completion(
-            messages=chat, n=self.config.group_size, max_tokens=self.config.max_completion_tokens
+        weight = self.config.format_weight
+        group = await sample_group(
+            self.server,
+            self.tokenizer,
+            self.prompt(item["question"]),
+            lambda replies: letter_count_reward(replies, [item["answer"]] * len(replies), weight),
+            n=self.config.group_size,
+            max_tokens=self.config.max_completion_tokens,
         )
-        replies = [choice.message.content or "" for choice in completion.choices]
-        answers = [item["answer"]] * len(replies)
-        scores = letter_count_reward(replies, answers, self.config.format_weight)
-        chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
-        return chat_group(self.tokenizer, chats, scores), []
+        return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:
-        samples = []
-        for row in self.test:
-            completion = await self.server.chat_completion(
-                messages=self.prompt(row["question"]),
-                n=1,
-                max_tokens=self.config.max_completion_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            reply = completion.choices[0].message.content or ""
-            correct = letter_count_reward([reply], [row["answer"]], 0.0)[0]
-            samples.append({**row, "response": reply, "score": correct})
+        started = time.time()
+        samples = await asyncio.gather(*(self.evaluate_one(row) for row in self.test))
         accuracy = sum(s["score"] for s in samples) / len(samples)
-        await self.evaluate_log({"eval/accuracy": accuracy}, samples=samples)
+        await self.evaluate_log(
+            {"eval/accuracy": accuracy}, samples=samples, start_time=started, end_time=time.time()
+        )
+
+    async def evaluate_one(self, row: dict) -> dict:
+        """Greedy answer to one test question (all of them are in flight at once)."""
+        prompt = self.prompt(row["question"])
+        reply = await greedy_reply(
+            self.server, prompt, max_tokens=self.config.max_completion_tokens
+        )
+        correct = letter_count_reward([reply], [row["answer"]], 0.0)[0]
+        return {**row, "response": reply, "score": correct}
 
 
 if __name__ == "__main__":

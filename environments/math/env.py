@@ -4,6 +4,7 @@ are stripped). Train on ``train_dataset``, evaluate on ``eval_dataset`` (MATH-50
 ``data_path`` uses one local JSONL of ``{problem, answer, split}`` for both.
 """
 
+import asyncio
 import json
 import random
 import time
@@ -16,7 +17,7 @@ from atroposlib.envs.reward_fns.answers import extract_boxed
 from atroposlib.envs.reward_fns.math_rewards import boxed_math_reward
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
+from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = "Solve the problem. Put the final answer in \\boxed{}."
@@ -81,35 +82,32 @@ class MathEnv(BaseEnv):
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        chat = self.prompt(item["problem"])
-        completion = await self.server.chat_completion(
-            messages=chat,
+        group = await sample_group(
+            self.server,
+            self.tokenizer,
+            self.prompt(item["problem"]),
+            lambda replies: boxed_math_reward(replies, [item["answer"]] * len(replies)),
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
         )
-        replies = [choice.message.content or "" for choice in completion.choices]
-        scores = boxed_math_reward(replies, [item["answer"]] * len(replies))
-        chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
-        reasons = [choice.finish_reason or "" for choice in completion.choices]
-        return chat_group(self.tokenizer, chats, scores, finish_reasons=reasons), []
+        return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:
-        started, samples = time.time(), []
-        for row in self.test:
-            completion = await self.server.chat_completion(
-                messages=self.prompt(row["problem"]),
-                n=1,
-                max_tokens=self.config.max_completion_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            reply = completion.choices[0].message.content or ""
-            score = boxed_math_reward([reply], [answer_of(row)])[0]
-            samples.append({"problem": row["problem"], "answer": answer_of(row),
-                            "response": reply, "score": score})  # fmt: skip
+        started = time.time()
+        samples = await asyncio.gather(*(self.evaluate_one(row) for row in self.test))
         metrics = {"eval/accuracy": sum(s["score"] for s in samples) / max(1, len(samples))}
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
+
+    async def evaluate_one(self, row: dict) -> dict:
+        """Greedy answer to one test problem (all of them are in flight at once)."""
+        prompt = self.prompt(row["problem"])
+        reply = await greedy_reply(
+            self.server, prompt, max_tokens=self.config.max_completion_tokens
+        )
+        score = boxed_math_reward([reply], [answer_of(row)])[0]
+        return {"problem": row["problem"], "answer": answer_of(row), "response": reply,
+                "score": score}  # fmt: skip
 
 
 if __name__ == "__main__":

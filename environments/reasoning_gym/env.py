@@ -21,7 +21,7 @@ from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
+from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 SYSTEM_PROMPT = "Reply with the final answer inside <answer></answer>."
 
@@ -117,19 +117,17 @@ class ReasoningGymEnv(BaseEnv):
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         entry, dataset = item["entry"], self.train[item["task"]]
-        chat = self.prompt(entry["question"])
-        completion = await self.server.chat_completion(
-            messages=chat,
+        weight, lenient = self.config.format_weight, self.config.lenient_answers
+        group = await sample_group(
+            self.server,
+            self.tokenizer,
+            self.prompt(entry["question"]),
+            lambda replies: [score_reply(r, entry, dataset, weight, lenient) for r in replies],
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
         )
-        replies = [choice.message.content or "" for choice in completion.choices]
-        weight, lenient = self.config.format_weight, self.config.lenient_answers
-        scores = [score_reply(r, entry, dataset, weight, lenient) for r in replies]
-        chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
-        reasons = [choice.finish_reason or "" for choice in completion.choices]
-        return chat_group(self.tokenizer, chats, scores, finish_reasons=reasons), []
+        return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:
         started = time.time()
@@ -144,14 +142,10 @@ class ReasoningGymEnv(BaseEnv):
 
     async def evaluate_one(self, task: str, entry: dict) -> dict:
         """Greedy answer to one held-out problem (all of them are in flight at once)."""
-        completion = await self.server.chat_completion(
-            messages=self.prompt(entry["question"]),
-            n=1,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=0.0,
-            split="eval",
+        prompt = self.prompt(entry["question"])
+        reply = await greedy_reply(
+            self.server, prompt, max_tokens=self.config.max_completion_tokens
         )
-        reply = completion.choices[0].message.content or ""
         score = grade(reply, entry, self.test[task], self.config.lenient_answers)
         return {"task": task, "question": entry["question"], "response": reply,
                 "answer": entry["answer"], "score": score}  # fmt: skip

@@ -17,7 +17,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.reward_fns.tool_call_rewards import tool_call_match_reward
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
+from atroposlib.utils.chat_group import chat_group, sample_group
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = (
@@ -104,17 +104,16 @@ class ToolCallingEnv(BaseEnv):
 
     async def single_turn(self, row: dict) -> ScoredDataGroup:
         turn = row["turns"][0]
-        chat = [*system_prompt(row), {"role": "user", "content": turn["user"]}]
-        completion = await self.server.chat_completion(
-            messages=chat,
+        expected = turn["expected_calls"]
+        return await sample_group(
+            self.server,
+            self.tokenizer,
+            [*system_prompt(row), {"role": "user", "content": turn["user"]}],
+            lambda replies: tool_call_match_reward(replies, [expected] * len(replies)),
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
         )
-        replies = [choice.message.content or "" for choice in completion.choices]
-        scores = tool_call_match_reward(replies, [turn["expected_calls"]] * len(replies))
-        chats = [[*chat, {"role": "assistant", "content": reply}] for reply in replies]
-        return chat_group(self.tokenizer, chats, scores)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,38 @@ def test_a_second_consumer_with_another_identity_does_not_rewind_the_trainer(
     broker.register_trainer(trainer(batch_size=2, starting_step=1, checkpoint_dir="run/ckpt"))
     assert batch_markers(broker) == (2, [20, 21])
     assert batch_markers(broker) == (3, [30, 31])
+
+
+def test_batches_never_rewrite_payload_rows_and_release_deletes_them(tmp_path: Path) -> None:
+    path = tmp_path / "broker.sqlite3"
+    broker = make_broker(SqliteStore(path))
+    broker.register_trainer(trainer(batch_size=2, acknowledges=True))
+    broker.ingest([make_group(2, marker=m) for m in (10, 20)])
+    assert batch_markers(broker) == (1, [10, 11])
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*) FROM groups WHERE batch_step IS NOT NULL").fetchone() == (0,)
+    broker.ack(1)
+    assert [row[0] for row in db.execute("SELECT key FROM groups")] == [2]
+    db.close()
+    broker.store.close()
+    reopened = make_broker(SqliteStore(path))
+    assert reopened.status().queue_size == 1
+    reopened.store.close()
+
+
+def test_a_store_written_with_batch_step_columns_still_loads(tmp_path: Path) -> None:
+    """Earlier versions marked batch membership on the group rows; those files keep working."""
+    path = tmp_path / "broker.sqlite3"
+    broker = make_broker(SqliteStore(path))
+    broker.register_trainer(trainer(batch_size=2, acknowledges=True))
+    broker.ingest([make_group(2, marker=m) for m in (10, 20)])
+    assert batch_markers(broker) == (1, [10, 11])
+    broker.store.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE groups SET batch_step = 1 WHERE key = 1")
+    db.execute("DELETE FROM batches")  # the old layout: membership only on the row
+    db.commit()
+    db.close()
+    reopened = make_broker(SqliteStore(path))
+    assert reopened.status().queue_size == 1  # the batched group is not queued again
+    reopened.store.close()

@@ -33,6 +33,7 @@ printf '%s\\0' "$@" >"$FAKE_DIR/srun/$$.args"
 echo $$ >"$FAKE_DIR/pids/$$"
 name=""
 for arg in "$@"; do [[ $arg == --job-name=* ]] && name=${arg#--job-name=}; done
+printf '%s\\n' "${ATROPOS_API_KEY:-}" "${ATROPOS_TRAINER_BROKER_API_KEY:-}" >"$FAKE_DIR/keys-$name"
 [[ -n ${FAKE_FAIL:-} && $name == "$FAKE_FAIL" ]] && exit 3
 if [[ $name == trainer && -z ${FAKE_TRAINER_HANGS:-} ]]; then
     sleep 0.5
@@ -50,6 +51,15 @@ exit 0
     "curl": """#!/usr/bin/env bash
 url=${*: -1}
 if [[ -f $FAKE_DIR/unhealthy ]] && grep -qF "$url" "$FAKE_DIR/unhealthy"; then exit 7; fi
+if [[ -n ${FAKE_BROKER_KEY:-} && $url == *:8000/health ]]; then  # a locked broker: 401
+    prev=""
+    for arg in "$@"; do
+        if [[ $prev == --header ]] && grep -qxF "Authorization: Bearer $FAKE_BROKER_KEY" "${arg#@}"
+        then exit 0; fi
+        prev=$arg
+    done
+    exit 22
+fi
 exit 0
 """,
 }
@@ -251,3 +261,18 @@ def test_scripts_pass_bash_n_and_shellcheck() -> None:
     result = subprocess.run([shellcheck, "-x", *map(str, scripts)], cwd=REPO,
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout
+
+
+def test_one_api_key_for_the_job_reaches_every_component_off_the_command_line(
+    tmp_path: Path,
+) -> None:
+    key = "job-secret-123"
+    job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"], ATROPOS_API_KEY=key, FAKE_BROKER_KEY=key)
+    assert job.returncode == 0, job.output  # the broker's /health was asked with the key
+    keys = {name: (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[:2]
+            for name in ("broker", "trainer", "env-reasoning_gym")}  # fmt: skip
+    assert keys["broker"][0] == keys["env-reasoning_gym"][0] == key  # ATROPOS_API_KEY
+    assert keys["trainer"][1] == key  # ATROPOS_TRAINER_BROKER_API_KEY
+    commands = (job.root / "logs" / "77" / "commands.tsv").read_text()
+    assert key not in job.output + commands
+    assert not any(key in arg for argv in job.launches for arg in argv)

@@ -1,8 +1,10 @@
 """Compact bytes for one validated group, and back.
 
-Token ids are int32; masks become a 1-byte trained flag per position when they follow the usual
-``where(trained, token, -100)`` rule (int32 otherwise); float arrays are float32; every other
-field is orjson. A group of G sequences of L tokens costs about 5*G*L bytes plus its extras.
+Token ids are uint16 when every id of the group fits (vocabularies up to 65,536: Llama 2,
+Mistral, Phi-3, SmolLM) and int32 otherwise; masks become a 1-byte trained flag per position
+when they follow the usual ``where(trained, token, -100)`` rule (int32 otherwise); float arrays
+are float32; every other field is orjson. A group of G sequences of L tokens costs about 3*G*L
+(or 5*G*L) bytes plus its extras.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from atroposlib.protocol import MASK_IGNORE_INDEX, PACKED_FLOAT_FIELDS, SCORED_D
 logger = logging.getLogger(__name__)
 
 _INT = np.dtype("<i4")
+_SHORT = np.dtype("<u2")
 _FLOAT = np.dtype("<f4")
 _FLAG = np.dtype("u1")
 _ARRAY_FIELDS = frozenset(("tokens", "masks", *PACKED_FLOAT_FIELDS))
@@ -38,9 +41,12 @@ def encode_group(group: dict[str, Any]) -> bytes:
     flat_masks = np.concatenate(group["masks"]).astype(_INT) if tokens else np.zeros(0, _INT)
     trained = flat_masks != MASK_IGNORE_INDEX
     record: dict[str, Any] = {
-        "n": np.fromiter((len(row) for row in tokens), _INT, len(tokens)).tobytes(),
-        "t": flat_tokens.tobytes(),
+        "n": np.fromiter((len(row) for row in tokens), _INT, len(tokens)).tobytes()
     }
+    if flat_tokens.size == 0 or (flat_tokens.min() >= 0 and flat_tokens.max() <= 0xFFFF):
+        record["s"] = flat_tokens.astype(_SHORT).tobytes()
+    else:
+        record["t"] = flat_tokens.tobytes()
     if np.array_equal(flat_masks[trained], flat_tokens[trained]):
         record["f"] = trained.astype(_FLAG).tobytes()
     else:
@@ -77,7 +83,10 @@ def decode_group(blob: bytes) -> dict[str, Any]:
     record = msgpack.unpackb(blob, raw=False)
     lengths = np.frombuffer(record["n"], _INT)
     bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
-    flat_tokens = np.frombuffer(record["t"], _INT)
+    if "s" in record:
+        flat_tokens = np.frombuffer(record["s"], _SHORT).astype(_INT)
+    else:
+        flat_tokens = np.frombuffer(record["t"], _INT)
     if "f" in record:
         flags = np.frombuffer(record["f"], _FLAG).astype(bool)
         flat_masks = np.where(flags, flat_tokens, np.int32(MASK_IGNORE_INDEX)).astype(_INT)

@@ -135,20 +135,22 @@ class SqliteStore(GroupStore):
         row = self._db.execute("SELECT body FROM state WHERE id = 0").fetchone()
         if row is not None:
             snapshot.state = orjson.loads(row[0])
+        for step, keys, delivered in self._db.execute(
+            "SELECT step, keys, delivered FROM batches ORDER BY step"
+        ):
+            snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
+        in_batches = {key for batch in snapshot.batches for key in batch.keys}
         query = (
             "SELECT key, env_id, size, tokens, max_len, nbytes, policy_version, batch_step "
             "FROM groups ORDER BY key"
         )
         for *fields, batch_step in self._db.execute(query):
             meta = GroupMeta(*fields)
-            if batch_step is None:
+            # batch_step: set by earlier versions; batch membership now lives in `batches` only
+            if batch_step is None and meta.key not in in_batches:
                 snapshot.queued.append(meta)
             else:
                 snapshot.batched[meta.key] = meta
-        for step, keys, delivered in self._db.execute(
-            "SELECT step, keys, delivered FROM batches ORDER BY step"
-        ):
-            snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
         return snapshot
 
     def add_groups(self, groups: Sequence[NewGroup], state: dict[str, Any]) -> None:
@@ -203,13 +205,11 @@ class SqliteStore(GroupStore):
 
     def save_batch(self, batch: BatchRecord, state: dict[str, Any]) -> None:
         with self._transaction() as db:
+            # Membership is recorded here only: an UPDATE of the group rows would rewrite
+            # every payload (SQLite rewrites a whole record), ~tens of KB per group.
             db.execute(
                 "INSERT OR REPLACE INTO batches (step, keys, delivered) VALUES (?, ?, ?)",
                 (batch.step, orjson.dumps(list(batch.keys)), int(batch.delivered)),
-            )
-            db.executemany(
-                "UPDATE groups SET batch_step = ? WHERE key = ?",
-                [(batch.step, key) for key in batch.keys],
             )
             self._write_state(db, state)
 
@@ -224,7 +224,12 @@ class SqliteStore(GroupStore):
     def release_batches(self, steps: Collection[int], state: dict[str, Any]) -> None:
         with self._transaction() as db:
             params = [(step,) for step in steps]
-            db.executemany("DELETE FROM groups WHERE batch_step = ?", params)
+            keys: list[tuple[int]] = []
+            for step in steps:
+                row = db.execute("SELECT keys FROM batches WHERE step = ?", (step,)).fetchone()
+                if row is not None:
+                    keys.extend((key,) for key in orjson.loads(row[0]))
+            db.executemany("DELETE FROM groups WHERE key = ?", keys)
             db.executemany("DELETE FROM batches WHERE step = ?", params)
             self._write_state(db, state)
 

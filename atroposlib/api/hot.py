@@ -1,0 +1,199 @@
+"""The per-group routes (``POST /scored_data``, ``POST /scored_data_list``, ``GET /batch``).
+
+Every rollout group and every batch passes through these three, so they are served straight
+from ASGI by :class:`HotRoutes`: no Request object, no middleware stack, no dependency solving
+(the whole stack cost ~40% of a small POST's CPU in benchmarks/broker_request_overhead.py).
+They answer exactly what the FastAPI routes of the same paths answer; those stay in the app
+for the OpenAPI schema and for setups the direct path leaves to the full stack (CORS).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from atroposlib import codec
+from atroposlib.api.broker import Broker
+from atroposlib.api.compression import Gzipper, accepts_gzip, compressible_type
+from atroposlib.api.fastjson import decode_groups
+from atroposlib.api.http import bearer_header_ok, read_body_chunks
+from atroposlib.api.metrics import BrokerMetrics
+from atroposlib.api.settings import BrokerSettings
+from atroposlib.errors import (
+    InvalidGroupError,
+    QueueFullError,
+    RequestBodyError,
+    TrainerNotRegisteredError,
+    UnknownEnvError,
+)
+from atroposlib.protocol import ScoredDataListResponse, ScoredDataResponse
+
+logger = logging.getLogger(__name__)
+
+UNAUTHORIZED_DETAIL = "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"
+
+
+@dataclass(slots=True)
+class Answer:
+    status: int
+    body: bytes
+    media_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def error_answer(err: Exception) -> Answer | None:
+    """The HTTP answer of one of the broker's own errors (None for anything else)."""
+    headers: dict[str, str] = {}
+    if isinstance(err, InvalidGroupError):
+        status, detail = 422, str(err)
+    elif isinstance(err, UnknownEnvError):
+        status, detail = 404, str(err)
+    elif isinstance(err, TrainerNotRegisteredError):
+        status, detail = 409, str(err)
+    elif isinstance(err, QueueFullError):
+        status, detail = 503, str(err)
+        headers["Retry-After"] = str(err.retry_after)
+    elif isinstance(err, RequestBodyError):
+        status, detail = err.status_code, err.message
+    else:
+        return None
+    return Answer(status, orjson.dumps({"detail": detail}), "application/json", headers)
+
+
+def unauthorized_answer() -> Answer:
+    body = orjson.dumps({"detail": UNAUTHORIZED_DETAIL})
+    return Answer(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
+
+
+Handler = Callable[[Mapping[str, str], bytes], Coroutine[Any, Any, Answer]]
+
+
+class HotRoutes:
+    """The three routes' logic, and a raw ASGI server for them."""
+
+    def __init__(
+        self, broker: Callable[[], Broker], settings: BrokerSettings, metrics: BrokerMetrics
+    ) -> None:
+        self._broker = broker
+        self._settings = settings
+        self._metrics = metrics
+        self._gzipper = Gzipper(minimum_size=1000, gzip_level=settings.gzip_level)
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/batch"): self.batch,
+            ("POST", "/scored_data"): self.scored_data,
+            ("POST", "/scored_data_list"): self.scored_data_list,
+        }
+
+    # -- the routes ---------------------------------------------------------------------
+
+    async def batch(self, headers: Mapping[str, str], _: bytes) -> Answer:
+        started = time.perf_counter()
+        formed = self._broker().next_batch()
+        self._metrics.batch_seconds.observe(time.perf_counter() - started)
+        accept = headers.get("accept")
+        if formed is None:
+            return _encoded({"batch": None, "step": None}, accept)
+        step, groups = formed
+        if codec.is_msgpack(accept):
+            groups = [codec.pack_group(group) for group in groups]
+        answer = _encoded({"batch": groups, "step": step}, accept)
+        self._metrics.bytes_out.inc(len(answer.body))
+        return answer
+
+    async def scored_data(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        raw = self._decode(headers, body)
+        result = self._broker().ingest([raw])
+        answer = ScoredDataResponse(duplicate=result.duplicates > 0)
+        return _encoded(answer.model_dump(), headers.get("accept"))
+
+    async def scored_data_list(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        raws = self._decode(headers, body)
+        if not isinstance(raws, list):
+            raise InvalidGroupError("body", "must be a JSON array of groups")
+        result = self._broker().ingest(raws, as_list=True)
+        answer = ScoredDataListResponse(groups_processed=len(raws), duplicates=result.duplicates)
+        return _encoded(answer.model_dump(), headers.get("accept"))
+
+    def _decode(self, headers: Mapping[str, str], body: bytes) -> Any:
+        self._metrics.bytes_in.inc(len(body))
+        content_type = headers.get("content-type")
+        if not codec.is_msgpack(content_type):
+            fast = decode_groups(body)
+            if fast is not None:
+                return fast
+        return codec.decode(body, content_type)
+
+    # -- raw ASGI -----------------------------------------------------------------------
+
+    async def serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        api_key = self._settings.api_key
+        try:
+            if api_key is not None and not bearer_header_ok(
+                headers.get("authorization", ""), api_key
+            ):
+                answer = unauthorized_answer()
+            else:
+                body = b""
+                if scope["method"] == "POST":
+                    body = await read_body_chunks(headers, _chunks(receive), self._settings)
+                answer = await handler(headers, body)
+        except _Disconnected:
+            return
+        except Exception as err:
+            known = error_answer(err)
+            if known is None:
+                logger.exception("%s %s failed", scope["method"], scope["path"])
+                known = Answer(500, b'{"detail":"Internal Server Error"}', "application/json")
+            answer = known
+        await self._send(answer, headers, send)
+
+    async def _send(self, answer: Answer, headers: Mapping[str, str], send: Send) -> None:
+        body = answer.body
+        media = answer.media_type.encode("latin-1")
+        extra = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()
+        ]
+        if (
+            len(body) >= self._gzipper.minimum_size
+            and compressible_type(media)
+            and accepts_gzip(headers.get("accept-encoding"))
+        ):
+            body = await self._gzipper.compress(body)
+            extra += [(b"content-encoding", b"gzip"), (b"vary", b"Accept-Encoding")]
+        start_headers = [
+            (b"content-type", media),
+            (b"content-length", str(len(body)).encode("latin-1")),
+            *extra,
+        ]
+        await send(
+            {"type": "http.response.start", "status": answer.status, "headers": start_headers}
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+def _encoded(payload: Any, accept: str | None) -> Answer:
+    body, media_type = codec.encode(payload, accept)
+    return Answer(200, body, media_type)

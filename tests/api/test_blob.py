@@ -1,0 +1,44 @@
+"""Stored groups: compact bytes that decode to exactly what was validated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atroposlib.api.store.blob import decode_group, encode_group
+from atroposlib.api.validation import check_group
+
+
+@pytest.mark.parametrize(
+    ("tokens", "masks"),
+    [
+        ([[5, 65535, 0]], [[-100, 65535, 0]]),  # fits 16 bits, usual masks
+        ([[5, 65536, 7]], [[-100, 65536, 7]]),  # one id past 16 bits: int32
+        ([[-3, 4]], [[-100, 4]]),  # negative ids are odd but legal: int32
+        ([[1, 2], []], [[1, -100], []]),
+        ([[9, 9]], [[0, 9]]),  # masks that do not follow the rule are kept as they are
+    ],
+)
+def test_round_trip_keeps_values_and_int32_rows(
+    tokens: list[list[int]], masks: list[list[int]]
+) -> None:
+    group = {"tokens": tokens, "masks": masks, "scores": [1.0] * len(tokens), "env_id": 3}
+    checked = check_group(group).group
+    decoded = decode_group(encode_group(checked))
+    assert [row.dtype for row in decoded["tokens"]] == [np.dtype("<i4")] * len(tokens)
+    assert [row.tolist() for row in decoded["tokens"]] == tokens
+    assert [row.tolist() for row in decoded["masks"]] == masks
+    assert decoded["scores"] == group["scores"] and decoded["env_id"] == 3
+
+
+def test_small_vocabularies_cost_three_bytes_per_token() -> None:
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(0, 50_000, 512).tolist() for _ in range(8)]
+    masks = [[-100] * 128 + row[128:] for row in tokens]
+    small = encode_group(check_group({"tokens": tokens, "masks": masks, "scores": [0.0] * 8}).group)
+    big_tokens = [[t + 100_000 for t in row] for row in tokens]
+    big_masks = [[-100] * 128 + row[128:] for row in big_tokens]
+    big = encode_group(
+        check_group({"tokens": big_tokens, "masks": big_masks, "scores": [0.0] * 8}).group
+    )
+    assert len(small) < 3.2 * 8 * 512 < 5 * 8 * 512 < len(big) < 5.2 * 8 * 512
