@@ -7,10 +7,11 @@ Precedence: command line > environment (``ATROPOS_TRAINER_``, nested with ``__``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import SettingsConfigDict, SettingsError
 
 from atroposlib.errors import ConfigError
@@ -118,6 +119,11 @@ class WandbConfig(BaseModel):
     name: str | None = Field(None, description="wandb run name.")
 
 
+def _shared_api_key() -> SecretStr | None:
+    key = os.environ.get("ATROPOS_API_KEY")
+    return SecretStr(key) if key else None
+
+
 class TrainerConfig(LayeredSettings):
     """GRPO trainer for atroposlib: pulls scored groups from the broker and trains on them."""
 
@@ -137,7 +143,11 @@ class TrainerConfig(LayeredSettings):
         None, description="Frozen reference model for the KL (default: the starting model)."
     )
     broker_url: str = Field("http://localhost:8000", description="atroposlib broker base URL.")
-    broker_api_key: str | None = Field(None, description="Bearer token for the broker.")
+    broker_api_key: SecretStr | None = Field(
+        default_factory=_shared_api_key,
+        description="Bearer token for the broker (run-api's --api-key). Default: the "
+        "ATROPOS_API_KEY environment variable, which also locks run-api and reaches the envs.",
+    )
     broker_patience_s: float = Field(
         600.0, ge=0, description="How long to wait out a broker outage before giving up."
     )

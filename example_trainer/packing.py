@@ -29,7 +29,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from example_trainer.data import MicroBatch, PackedRows, Sample, collate
+from example_trainer.config import TrainerConfig
+from example_trainer.data import (
+    MicroBatch,
+    PackedRows,
+    Sample,
+    collate,
+    micro_batch_costs,
+    plan_microbatches,
+)
 from example_trainer.loss import token_logprobs
 
 logger = logging.getLogger(__name__)
@@ -153,3 +161,25 @@ def model_logprobs(model: Any, mb: MicroBatch, entropy_grad: bool = False) -> tu
     logp, entropy = token_logprobs(logits, p.targets[:, None], p.temperature, entropy_grad)
     filler = logp.new_zeros(1, 1)
     return torch.cat([logp, filler])[p.index, 0], torch.cat([entropy, filler])[p.index, 0]
+
+
+# Dispatch on the trainer's micro_batching setting
+
+
+def micro_batch_plan(cfg: TrainerConfig, lengths: list[int]) -> tuple[list[Any], list[int]]:
+    """Micro-batches (packed: lists of rows of sequence indices) and the tokens each costs."""
+    if cfg.micro_batching == "packed":
+        cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
+        row_tokens = cap if cfg.pack_row_tokens else row_length(lengths, cap)
+        packed = plan_packed(lengths, row_tokens, cfg.micro_batch_tokens)
+        return list(packed), packed_costs(packed, lengths)
+    plan = plan_microbatches(lengths, cfg.micro_batch_tokens)
+    return list(plan), micro_batch_costs(plan, lengths)
+
+
+def micro_batch(cfg: TrainerConfig, samples: list[Sample], planned: Any) -> MicroBatch:
+    """Tensors of one planned micro-batch; None: a dummy of sample 0 (masked by the caller)."""
+    if cfg.micro_batching == "packed":
+        rows = planned if planned is not None else [[0]]
+        return collate_packed([[samples[i] for i in row] for row in rows], cfg.trained_logits_only)
+    return collate([samples[i] for i in (planned if planned is not None else [0])])

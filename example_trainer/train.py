@@ -47,25 +47,10 @@ from example_trainer.checkpoint import (
     unwrap,
 )
 from example_trainer.config import TrainerConfig, load_config
-from example_trainer.data import (
-    MicroBatch,
-    Sample,
-    batch_to_samples,
-    batch_totals,
-    collate,
-    micro_batch_costs,
-    plan_microbatches,
-    shard_plan,
-)
+from example_trainer.data import batch_to_samples, batch_totals, shard_plan
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import (
-    collate_packed,
-    model_logprobs,
-    packed_costs,
-    plan_packed,
-    row_length,
-)
+from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
@@ -201,7 +186,8 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         if client is None:
             from atroposlib.api.client import TrainerClient
 
-            client = TrainerClient(cfg.broker_url, cfg.broker_api_key)
+            key = cfg.broker_api_key.get_secret_value() if cfg.broker_api_key else None
+            client = TrainerClient(cfg.broker_url, key)
         client.register(
             TrainerRegistration(
                 wandb_group=cfg.wandb.group or "",
@@ -352,25 +338,6 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     if rank == 0 and client is not None:
         client.close()
     return history
-
-
-def micro_batch_plan(cfg: TrainerConfig, lengths: list[int]) -> tuple[list[Any], list[int]]:
-    """Micro-batches (packed: lists of rows of sequence indices) and the tokens each costs."""
-    if cfg.micro_batching == "packed":
-        cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
-        row_tokens = cap if cfg.pack_row_tokens else row_length(lengths, cap)
-        packed = plan_packed(lengths, row_tokens, cfg.micro_batch_tokens)
-        return list(packed), packed_costs(packed, lengths)
-    plan = plan_microbatches(lengths, cfg.micro_batch_tokens)
-    return list(plan), micro_batch_costs(plan, lengths)
-
-
-def micro_batch(cfg: TrainerConfig, samples: list[Sample], planned: Any) -> MicroBatch:
-    """Tensors of one planned micro-batch; None: a dummy of sample 0 (masked by the caller)."""
-    if cfg.micro_batching == "packed":
-        rows = planned if planned is not None else [[0]]
-        return collate_packed([[samples[i] for i in row] for row in rows], cfg.trained_logits_only)
-    return collate([samples[i] for i in (planned if planned is not None else [0])])
 
 
 def pull_batch(client: BatchSource, patience_s: float) -> Any:

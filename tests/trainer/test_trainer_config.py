@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,21 @@ def test_cli_bad_flag_exits_2_with_one_line(subprocess_env: dict[str, str]) -> N
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert "loss.ratio" in done.stderr and "'token' or 'sequence'" in done.stderr
+
+
+def test_broker_key_defaults_to_the_shared_key_and_is_never_dumped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ATROPOS_API_KEY", "shared-s3cret")
+    cfg = load_config([])
+    assert cfg.broker_api_key is not None
+    assert cfg.broker_api_key.get_secret_value() == "shared-s3cret"
+    assert "shared-s3cret" not in json.dumps(cfg.model_dump(mode="json")) + repr(cfg)
+    monkeypatch.setenv("ATROPOS_TRAINER_BROKER_API_KEY", "own-key")
+    own = load_config([]).broker_api_key
+    assert own is not None and own.get_secret_value() == "own-key"
+    flag = load_config(["--broker_api_key", "flag-key"]).broker_api_key
+    assert flag is not None and flag.get_secret_value() == "flag-key"
+    monkeypatch.delenv("ATROPOS_API_KEY")
+    monkeypatch.delenv("ATROPOS_TRAINER_BROKER_API_KEY")
+    assert load_config([]).broker_api_key is None
