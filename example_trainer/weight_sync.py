@@ -54,7 +54,7 @@ _FINAL_STATUSES = {400, 401, 403, 404, 405, 413, 422}
 def _post_until_ok(
     client: httpx.Client, url: str, body: dict[str, Any], retries: int, backoff: float
 ) -> str | None:
-    """POST until a 2xx whose JSON does not say success=false; None, or the last error.
+    """POST until a 2xx that does not say success=false in JSON; None, or the last error.
 
     Connection errors, timeouts and 5xx are retried with exponential backoff; a refusal
     (success=false, or a 4xx such as 400 for a bad model_path) is final at once.
@@ -64,7 +64,10 @@ def _post_until_ok(
         final = False
         try:
             response = client.post(url, json=body)
-            payload = response.json() if response.is_success and response.content else {}
+            # SGLang and ours answer JSON ({"success": ...}); vLLM's load_lora_adapter answers
+            # plain text ("Success: LoRA adapter ... added successfully.")
+            json_answer = "json" in response.headers.get("content-type", "")
+            payload = response.json() if response.is_success and json_answer else {}
             if response.is_success and (
                 not isinstance(payload, dict) or payload.get("success", True)
             ):

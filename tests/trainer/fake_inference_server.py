@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse
 from transformers import AutoModelForCausalLM
 
 
@@ -50,13 +51,14 @@ def create_app(model_path: str, fail_first: int) -> FastAPI:
         state["weight_version"] += 1
         return {"success": True, "message": "ok", "weight_version": state["weight_version"]}
 
-    @app.post("/v1/load_lora_adapter")
-    def load_lora(body: dict[str, Any]) -> dict[str, Any]:
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+    def load_lora(body: dict[str, Any]) -> str:
         if not (Path(body["lora_path"]) / "adapter_config.json").is_file():
             raise HTTPException(400, "lora_path has no adapter_config.json")
         state["adapters"][body["lora_name"]] = body["lora_path"]
         state["weight_version"] += 1
-        return {"success": True}
+        # vLLM's answer: plain text, not JSON
+        return f"Success: LoRA adapter '{body['lora_name']}' added successfully."
 
     @app.post("/v1/completions")
     def completions(body: dict[str, Any]) -> dict[str, Any]:
