@@ -216,6 +216,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         t_data = time.perf_counter() - t0
         samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
         totals = batch_totals(samples)
+        # Sequences with nothing to train (zero-variance groups, masked rows) add 0 to the loss
+        # and every metric: no forward/backward for them (one kept if none is left, for DDP).
+        samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
         lengths = [len(s.tokens) for s in samples]
         plan, costs = micro_batch_plan(cfg, lengths)
         mine = shard_plan(plan, costs, world, rank)
@@ -278,6 +281,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/sft_nll": total["sft_nll"] / max(total["sft_tokens"], 1.0),
             "train/trained_tokens": total["tokens"],
             "train/skipped": float(totals.tokens == 0),
+            "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
             "train/tokens_per_s": seq_tokens / elapsed,
             "train/padding_frac": 1.0 - seq_tokens / max(1, sum(costs)),
             "train/data_wait_s": t_data,

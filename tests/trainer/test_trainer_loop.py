@@ -179,3 +179,23 @@ def test_broker_outages_are_waited_out(tiny_model: Path, tmp_path: Path) -> None
     assert len(history) == 1
     with pytest.raises(BrokerUnavailableError):  # past the patience: the error surfaces
         train(load_config([*args, "--broker_patience_s", "0"]), Flaky(fixed(make_batch())))
+
+
+def test_sequences_with_nothing_to_train_are_not_computed(tiny_model: Path, tmp_path: Path) -> None:
+    """Zero-variance groups add nothing: the same update as without them, fewer tokens run."""
+    import numpy as np
+
+    live = make_batch(seed=2)
+    flat = [make_group(np.random.default_rng(50 + i), [1.0] * 4) for i in range(2)]
+    rows, states = [], []
+    for name, batch in (("live", live), ("with_flat", [*live, *flat])):
+        save = tmp_path / name
+        args = base_args(tiny_model, save, "--num_steps", "1")
+        rows.append(train(load_config(args), ListClient(fixed(batch)))[0])
+        states.append(state_dict_of(save / "step-1"))
+    assert rows[1]["train/zero_variance_groups"] == 2
+    assert rows[1]["train/computed_tokens"] == rows[0]["train/computed_tokens"]
+    assert rows[1]["train/loss"] == pytest.approx(rows[0]["train/loss"], abs=1e-7)
+    assert rows[1]["train/entropy"] == pytest.approx(rows[0]["train/entropy"], rel=1e-6)
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], atol=1e-6, rtol=0)
