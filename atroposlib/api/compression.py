@@ -46,7 +46,7 @@ def _accepts_gzip(scope: Scope) -> bool:
     return False
 
 
-def compressible_type(content_type: bytes) -> bool:
+def _compressible_type(content_type: bytes) -> bool:
     return not content_type.lower().startswith(_NOT_COMPRESSED)
 
 
@@ -54,7 +54,7 @@ def _compressible(headers: list[tuple[bytes, bytes]]) -> bool:
     for name, value in headers:
         if name == b"content-encoding":
             return False
-        if name == b"content-type" and not compressible_type(value):
+        if name == b"content-type" and not _compressible_type(value):
             return False
     return True
 
@@ -65,6 +65,10 @@ class Gzipper:
     def __init__(self, *, minimum_size: int = 1000, gzip_level: int = 1) -> None:
         self.minimum_size = minimum_size
         self.level = igzip_level(gzip_level)
+
+    def applies(self, size: int, content_type: bytes) -> bool:
+        """An answer of ``size`` bytes of this type is worth compressing."""
+        return size >= self.minimum_size and _compressible_type(content_type)
 
     async def compress(self, body: bytes) -> bytes:
         if len(body) >= _THREAD_MINIMUM:
@@ -81,8 +85,6 @@ class GzipAnswers:
     def __init__(self, app: ASGIApp, *, minimum_size: int = 1000, gzip_level: int = 1) -> None:
         self.app = app
         self.gzipper = Gzipper(minimum_size=minimum_size, gzip_level=gzip_level)
-        self.minimum_size = minimum_size
-        self.level = self.gzipper.level
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _accepts_gzip(scope):
@@ -103,7 +105,7 @@ class GzipAnswers:
             headers: list[tuple[bytes, bytes]] = list(held.get("headers", ()))
             if (
                 message.get("more_body", False)
-                or len(body) < self.minimum_size
+                or len(body) < self.gzipper.minimum_size
                 or not _compressible(headers)
             ):
                 await send(held)
@@ -120,6 +122,3 @@ class GzipAnswers:
             await send({"type": "http.response.body", "body": body})
 
         await self.app(scope, receive, send_compressed)
-
-    def _compress(self, body: bytes) -> bytes:
-        return self.gzipper.compress_now(body)

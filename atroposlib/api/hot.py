@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from atroposlib import codec
 from atroposlib.api.broker import Broker
-from atroposlib.api.compression import Gzipper, accepts_gzip, compressible_type
+from atroposlib.api.compression import Gzipper, accepts_gzip
 from atroposlib.api.fastjson import decode_groups
 from atroposlib.api.http import bearer_header_ok, read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
@@ -162,11 +162,7 @@ class HotRoutes:
         extra = [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()
         ]
-        if (
-            len(body) >= self._gzipper.minimum_size
-            and compressible_type(media)
-            and accepts_gzip(headers.get("accept-encoding"))
-        ):
+        if self._gzipper.applies(len(body), media) and accepts_gzip(headers.get("accept-encoding")):
             body = await self._gzipper.compress(body)
             extra += [(b"content-encoding", b"gzip"), (b"vary", b"Accept-Encoding")]
         start_headers = [
