@@ -21,18 +21,18 @@ from starlette.types import Receive, Scope, Send
 from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import GzipAnswers
-from atroposlib.api.hot import Answer, Handler, HotRoutes, error_answer, unauthorized_answer
+from atroposlib.api.hot import (
+    BROKER_ERRORS,
+    Answer,
+    Handler,
+    HotRoutes,
+    error_answer,
+    unauthorized_answer,
+)
 from atroposlib.api.http import bearer_ok, encoded, read_body, read_model
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, open_store
-from atroposlib.errors import (
-    InvalidGroupError,
-    QueueFullError,
-    RequestBodyError,
-    TrainerNotRegisteredError,
-    UnknownEnvError,
-)
 from atroposlib.protocol import (
     Acknowledgement,
     AcknowledgementResponse,
@@ -66,11 +66,7 @@ def _error_handlers() -> dict[
         assert answer is not None, f"no HTTP answer for {type(err).__name__}"
         return _response(answer)
 
-    errors = (
-        InvalidGroupError, UnknownEnvError, TrainerNotRegisteredError, QueueFullError,
-        RequestBodyError,
-    )  # fmt: skip
-    return {error: broker_error for error in errors}
+    return {error: broker_error for error in BROKER_ERRORS}
 
 
 def _response(answer: Answer) -> Response:

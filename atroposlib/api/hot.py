@@ -47,22 +47,26 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+BROKER_ERRORS: dict[type[Exception], int] = {
+    InvalidGroupError: 422,
+    UnknownEnvError: 404,
+    TrainerNotRegisteredError: 409,
+    QueueFullError: 503,
+    RequestBodyError: 400,  # its own status_code (400 or 413) is used
+}
+"""The broker's own errors and their HTTP status; anything else is a 500."""
+
+
 def error_answer(err: Exception) -> Answer | None:
     """The HTTP answer of one of the broker's own errors (None for anything else)."""
-    headers: dict[str, str] = {}
-    if isinstance(err, InvalidGroupError):
-        status, detail = 422, str(err)
-    elif isinstance(err, UnknownEnvError):
-        status, detail = 404, str(err)
-    elif isinstance(err, TrainerNotRegisteredError):
-        status, detail = 409, str(err)
-    elif isinstance(err, QueueFullError):
-        status, detail = 503, str(err)
+    status = next((code for kind, code in BROKER_ERRORS.items() if isinstance(err, kind)), None)
+    if status is None:
+        return None
+    detail, headers = str(err), {}
+    if isinstance(err, QueueFullError):
         headers["Retry-After"] = str(err.retry_after)
     elif isinstance(err, RequestBodyError):
         status, detail = err.status_code, err.message
-    else:
-        return None
     return Answer(status, orjson.dumps({"detail": detail}), "application/json", headers)
 
 
