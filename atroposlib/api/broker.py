@@ -211,10 +211,11 @@ class Broker:
     def _release(self, steps: Sequence[int]) -> None:
         if not steps:
             return
-        for step in steps:
-            for key in self._batches.pop(step).keys:
+        released = [self._batches.pop(step) for step in steps]
+        for batch in released:
+            for key in batch.keys:
                 self._batched.pop(key, None)
-        self.store.release_batches(steps, self._state)
+        self.store.release_batches(released, self._state)
 
     def info(self) -> InfoResponse:
         trainer = self.trainer

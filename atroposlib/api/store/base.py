@@ -90,8 +90,8 @@ class GroupStore(ABC):
         """Mark batches as handed out (or due for re-delivery)."""
 
     @abstractmethod
-    def release_batches(self, steps: Collection[int], state: dict[str, Any]) -> None:
-        """Forget batches and delete their groups."""
+    def release_batches(self, batches: Sequence[BatchRecord], state: dict[str, Any]) -> None:
+        """Forget these batches and delete their groups."""
 
     @abstractmethod
     def save_state(self, state: dict[str, Any]) -> None:

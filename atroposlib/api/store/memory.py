@@ -74,11 +74,10 @@ class MemoryStore(GroupStore):
             self._batches[step].delivered = delivered
         self.save_state(state)
 
-    def release_batches(self, steps: Collection[int], state: dict[str, Any]) -> None:
-        for step in steps:
-            batch = self._batches.pop(step, None)
-            if batch is not None:
-                self.drop_groups(batch.keys, state)
+    def release_batches(self, batches: Sequence[BatchRecord], state: dict[str, Any]) -> None:
+        for batch in batches:
+            self._batches.pop(batch.step, None)
+            self.drop_groups(batch.keys, state)
         self.save_state(state)
 
     def save_state(self, state: dict[str, Any]) -> None:

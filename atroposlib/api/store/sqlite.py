@@ -221,16 +221,11 @@ class SqliteStore(GroupStore):
             )
             self._write_state(db, state)
 
-    def release_batches(self, steps: Collection[int], state: dict[str, Any]) -> None:
+    def release_batches(self, batches: Sequence[BatchRecord], state: dict[str, Any]) -> None:
         with self._transaction() as db:
-            params = [(step,) for step in steps]
-            keys: list[tuple[int]] = []
-            for step in steps:
-                row = db.execute("SELECT keys FROM batches WHERE step = ?", (step,)).fetchone()
-                if row is not None:
-                    keys.extend((key,) for key in orjson.loads(row[0]))
+            keys = [(key,) for batch in batches for key in batch.keys]
             db.executemany("DELETE FROM groups WHERE key = ?", keys)
-            db.executemany("DELETE FROM batches WHERE step = ?", params)
+            db.executemany("DELETE FROM batches WHERE step = ?", [(b.step,) for b in batches])
             self._write_state(db, state)
 
     def save_state(self, state: dict[str, Any]) -> None:
