@@ -17,6 +17,7 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -87,6 +88,19 @@ def _post_until_ok(
     return error
 
 
+def _push_each(urls: list[str], step: int, update: Callable[[str], str | None]) -> SyncReport:
+    """Update every server in turn (``update`` answers None or the error) and report."""
+    report, started = SyncReport(step), time.perf_counter()
+    for url in urls:
+        error = update(url)
+        if error is None:
+            report.updated.append(url)
+        else:
+            report.failed[url] = error
+    report.seconds = time.perf_counter() - started
+    return report
+
+
 class _HttpSync:
     path = ""
     writes: Literal["full", "adapter"] = "full"
@@ -113,16 +127,14 @@ class _HttpSync:
         raise NotImplementedError
 
     def push(self, weights: Path, step: int) -> SyncReport:
-        report, started = SyncReport(step), time.perf_counter()
-        for url in self.urls:
-            body = self.body(weights, step)
-            error = _post_until_ok(self.client, url + self.path, body, self.retries, self.backoff)
-            if error is None:
-                report.updated.append(url)
-            else:
-                report.failed[url] = error
-        report.seconds = time.perf_counter() - started
-        return report
+        body = self.body(weights, step)
+        return _push_each(
+            self.urls,
+            step,
+            lambda url: _post_until_ok(
+                self.client, url + self.path, body, self.retries, self.backoff
+            ),
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -215,15 +227,8 @@ class VllmRestart:
                 raise RuntimeError(f"could not start inference server at {url}: {error}")
 
     def push(self, weights: Path, step: int) -> SyncReport:
-        report, started = SyncReport(step), time.perf_counter()
-        for url in self.urls:
-            error = self._restart(url, str(weights.resolve()))
-            if error is None:
-                report.updated.append(url)
-            else:
-                report.failed[url] = error
-        report.seconds = time.perf_counter() - started
-        return report
+        model = str(weights.resolve())
+        return _push_each(self.urls, step, lambda url: self._restart(url, model))
 
     def close(self) -> None:
         for url in list(self.procs):
