@@ -11,7 +11,7 @@ stack for both) is not included: ``broker_throughput.py`` measures the whole.
 Atropos's stages run in its own venv (created by ``broker_throughput.py``): FastAPI's
 ``json.loads`` and ``ScoredData`` validation per group; ``jsonable_encoder``, ``json.dumps`` and
 starlette's gzip (level 9) per batch. Ours: ``codec.decode``, ``validation.check_group``, the
-store's blob encoding and a SQLite insert per group; the SQLite batch record and payload
+store's blob encoding and a segment-log append per group; the batch record and payload
 read, blob decoding, response encoding and igzip (JSON only, at our ``gzip_level``) per batch.
 
 Batches are built from distinct random groups (ids below 50,000, masks -100 on the first
@@ -131,7 +131,7 @@ def our_stages(g: int, length: int, b: int) -> list[Stage]:
             meta = GroupMeta(k, 0, g, gt, length, len(blob), None)
             store.add_groups([NewGroup(meta, blob, f"id{k}")], {"next_key": k})
 
-        stages.append(("POST", "SqliteStore.add_groups (1 txn)", _time(add, gt)))
+        stages.append(("POST", "SqliteStore.add_groups (segment log)", _time(add, gt)))
         keys = tuple(range(1, b // g + 1))
         step = iter(range(1, 10**9))
 

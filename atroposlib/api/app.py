@@ -102,7 +102,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         own_store = store is None
-        active = store if store is not None else open_store(settings.store)
+        if store is None:
+            active = open_store(settings.store, sync_interval=settings.sync_interval)
+        else:
+            active = store
         runtime.broker = Broker(active, settings)
         try:
             yield

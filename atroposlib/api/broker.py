@@ -17,7 +17,7 @@ from typing import Any
 from atroposlib.api.envs import EnvRegistry
 from atroposlib.api.packing import FairShareState, QueuedGroupRef, form_batch
 from atroposlib.api.settings import BrokerSettings
-from atroposlib.api.store import BatchRecord, GroupMeta, GroupStore, NewGroup
+from atroposlib.api.store import BatchRecord, GroupMeta, GroupStore, NewGroup, StoreSnapshot
 from atroposlib.api.store.blob import decode_group, encode_group
 from atroposlib.api.validation import CheckedGroup, check_group
 from atroposlib.errors import (
@@ -96,6 +96,8 @@ class Broker:
             None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
         )
         self._fair = FairShareState.from_dict(self._state["fair_share"])
+        if snapshot.corrupt:
+            self._discard_corrupt(snapshot)
         self._queue: dict[int, GroupMeta] = {}
         self._queued_bytes = 0
         self._env_sequences: Counter[int | None] = Counter()
@@ -110,6 +112,24 @@ class Broker:
         newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
         for blob in self.store.payloads(newest):
             self._remember(blob)
+
+    def _discard_corrupt(self, snapshot: StoreSnapshot) -> None:
+        """Forget groups whose stored payload is damaged, with every batch holding one."""
+        broken = [b for b in snapshot.batches if not snapshot.corrupt.isdisjoint(b.keys)]
+        lost_keys = snapshot.corrupt | {key for batch in broken for key in batch.keys}
+        snapshot.queued = [meta for meta in snapshot.queued if meta.key not in lost_keys]
+        snapshot.batches = [b for b in snapshot.batches if b not in broken]
+        for key in lost_keys:
+            snapshot.batched.pop(key, None)
+        self._count("dropped_corrupt", len(lost_keys))
+        queued_corrupt = snapshot.corrupt - {key for batch in broken for key in batch.keys}
+        self.store.release_batches(broken, self._state)
+        self.store.drop_groups(queued_corrupt, self._state)
+        logger.error(
+            "dropped %d stored group(s) (%d batch(es)) whose payload is damaged, e.g. by a "
+            "power loss right after they were written",
+            len(lost_keys), len(broken),
+        )  # fmt: skip
 
     def _count(self, name: str, amount: int = 1) -> None:
         counters = self._state["counters"]

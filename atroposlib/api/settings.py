@@ -29,6 +29,13 @@ class BrokerSettings(BaseSettings):
         description="Where queued groups live: 'sqlite:<path>' (durable) "
         "or 'memory' (lost on exit).",
     )
+    sync_interval: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="Seconds between fsyncs of the sqlite store: a kill -9 loses nothing "
+        "answered, a power loss at most the writes of this last interval.",
+    )
     api_key: str | None = Field(
         default=None,
         description="When set, every request must send 'Authorization: Bearer <key>' "

@@ -185,12 +185,16 @@ def test_batches_never_rewrite_payload_rows_and_release_deletes_them(tmp_path: P
     broker.register_trainer(trainer(batch_size=2, acknowledges=True))
     broker.ingest([make_group(2, marker=m) for m in (10, 20)])
     assert batch_markers(broker) == (1, [10, 11])
+    broker.store.close()  # applies the segment log to SQLite
     db = sqlite3.connect(path)
     assert db.execute("SELECT COUNT(*) FROM groups WHERE batch_step IS NOT NULL").fetchone() == (0,)
+    db.close()
+    broker = make_broker(SqliteStore(path))
     broker.ack(1)
+    broker.store.close()
+    db = sqlite3.connect(path)
     assert [row[0] for row in db.execute("SELECT key FROM groups")] == [2]
     db.close()
-    broker.store.close()
     reopened = make_broker(SqliteStore(path))
     assert reopened.status().queue_size == 1
     reopened.store.close()

@@ -23,10 +23,17 @@ def test_cli_over_environment_over_default(monkeypatch: pytest.MonkeyPatch) -> N
     assert settings.port == 9001 and settings.api_key == "from-env"
     assert settings.max_queued_groups == 5 and settings.log_level == "debug"
     assert parse_settings(["--port=9100", "--store", "memory"]).port == 9100
+    assert parse_settings(["--sync-interval", "0.2"]).sync_interval == 0.2
 
 
 @pytest.mark.parametrize(
-    "args", [["--port", "x"], ["--store", "redis:"], ["--too-long-policy", "truncate"]]
+    "args",
+    [
+        ["--port", "x"],
+        ["--store", "redis:"],
+        ["--too-long-policy", "truncate"],
+        ["--sync-interval", "0"],
+    ],
 )
 def test_bad_flags_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:

@@ -2,15 +2,15 @@
 
 from atroposlib.api.store.base import BatchRecord, GroupMeta, GroupStore, NewGroup, StoreSnapshot
 from atroposlib.api.store.memory import MemoryStore
-from atroposlib.api.store.sqlite import SqliteStore
+from atroposlib.api.store.sqlite import SYNC_INTERVAL_S, SqliteStore
 
 
-def open_store(spec: str) -> GroupStore:
+def open_store(spec: str, *, sync_interval: float = SYNC_INTERVAL_S) -> GroupStore:
     """``"memory"`` or ``"sqlite:<path>"`` (as in ``BrokerSettings.store``)."""
     if spec == "memory":
         return MemoryStore()
     if spec.startswith("sqlite:"):
-        return SqliteStore(spec.removeprefix("sqlite:"))
+        return SqliteStore(spec.removeprefix("sqlite:"), sync_interval=sync_interval)
     raise ValueError(f"unknown store {spec!r}; use 'memory' or 'sqlite:<path>'")
 
 

@@ -54,6 +54,8 @@ class StoreSnapshot:
     queued: list[GroupMeta] = field(default_factory=list)
     batched: dict[int, GroupMeta] = field(default_factory=dict)
     batches: list[BatchRecord] = field(default_factory=list)
+    corrupt: set[int] = field(default_factory=set)
+    """Keys of stored groups whose payload failed its check (e.g. cut short by a power loss)."""
 
 
 class GroupStore(ABC):

@@ -1,14 +1,19 @@
-"""The durable store (default): one SQLite file in WAL mode.
+"""The durable store (default): an SQLite file in WAL mode plus a folder of segment files.
 
-Each mutating call is one transaction that also writes the broker state, and it has committed
-before the broker answers, so whatever was answered 2xx survives a kill -9 (WAL with
-``synchronous=NORMAL`` loses at most transactions of the last moment on power loss, not on a
-process crash). Payloads stay on disk; only small metadata is read back at start.
+Every change (groups accepted, a batch formed, delivered, released, groups dropped, the broker
+state) is first one record appended to the segment log (:mod:`atroposlib.api.store.segments`),
+payloads included, and touches no SQLite: a transaction per POST cost as much server CPU as
+everything else the broker does. The log is applied to SQLite (metadata rows, batches, group ids,
+state, the applied position) in one transaction every ``APPLY_EVERY`` changes and on close; on
+start, whatever the log holds past the applied position is applied first. The append happened
+before the broker answered, so whatever was answered 2xx survives a kill -9.
 
-Checkpoints (copying the WAL into the database file, with its fsyncs) run in a background
-thread on their own connection instead of inside whichever commit crosses SQLite's
-auto-checkpoint threshold: on a busy disk that commit took up to ~100 ms, the broker's p99
-POST latency. Commits themselves are unchanged.
+A background thread fdatasyncs the segments and then checkpoints the WAL every
+``sync_interval`` seconds (``run-api --sync-interval``): a power loss can lose the writes of the
+last interval (as SQLite's ``synchronous=NORMAL`` or Redis's ``appendfsync everysec``). At start
+every stored payload is checked against its crc32, and a damaged one is reported in
+``StoreSnapshot.corrupt`` instead of being served. Payloads stay in their segment (read with
+``pread``); a segment is deleted once every record in it is applied and no group points into it.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import fcntl
 import logging
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +37,14 @@ from atroposlib.api.store.base import (
     NewGroup,
     StoreSnapshot,
 )
+from atroposlib.api.store.seen import RecentIdFilter
+from atroposlib.api.store.segments import (
+    SEGMENT_BYTES,
+    LogPosition,
+    PayloadLocation,
+    SegmentLog,
+    payload_crc,
+)
 from atroposlib.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -40,38 +53,56 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS groups (
     key INTEGER PRIMARY KEY, env_id INTEGER, size INTEGER NOT NULL, tokens INTEGER NOT NULL,
     max_len INTEGER NOT NULL, nbytes INTEGER NOT NULL, policy_version INTEGER,
-    batch_step INTEGER, payload BLOB NOT NULL);
+    batch_step INTEGER, payload BLOB NOT NULL,
+    segment INTEGER, offset INTEGER, crc INTEGER);
 CREATE TABLE IF NOT EXISTS batches (
     step INTEGER PRIMARY KEY, keys BLOB NOT NULL, delivered INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS group_ids (seq INTEGER PRIMARY KEY, group_id TEXT UNIQUE NOT NULL);
 CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 0), body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS log_position (
+    id INTEGER PRIMARY KEY CHECK (id = 0), segment INTEGER NOT NULL, offset INTEGER NOT NULL);
 """
+_LOCATION_COLUMNS = ("segment", "offset", "crc")  # absent from files of earlier versions
 _PRUNE_EVERY = 10_000
-CHECKPOINT_INTERVAL_S = 0.25
-"""How often the background thread checkpoints the WAL when something was committed."""
+APPLY_EVERY = 256
+"""Groups accepted into the segment log before they are applied to SQLite without a batch."""
+SYNC_INTERVAL_S = 1.0
+"""How often the background thread fdatasyncs segments and checkpoints the WAL after writes."""
+
+_INSERT_GROUP = (
+    "INSERT INTO groups (key, env_id, size, tokens, max_len, nbytes, policy_version, payload,"
+    " segment, offset, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_BATCH = "INSERT OR REPLACE INTO batches (step, keys, delivered) VALUES (?, ?, ?)"
+_SET_DELIVERED = "UPDATE batches SET delivered = ? WHERE step = ?"
+_DELETE_BATCH = "DELETE FROM batches WHERE step = ?"
+_DELETE_GROUP = "DELETE FROM groups WHERE key = ?"
+_GroupRow = tuple[int, int | None, int, int, int, int, int | None, bytes, int, int, int]
 
 
 class _Checkpointer(threading.Thread):
-    """Checkpoints the WAL (PASSIVE: never blocks the writer) when commits happened."""
+    """Syncs the segments, then checkpoints the WAL, whenever something was written."""
 
-    def __init__(self, path: Path, interval: float) -> None:
+    def __init__(self, path: Path, interval: float, sync_segments: Callable[[], None]) -> None:
         super().__init__(name=f"sqlite-checkpoint:{path.name}", daemon=True)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._interval = interval
+        self.interval = interval
+        self._sync_segments = sync_segments
         self._stop_event = threading.Event()
         self.dirty = False
 
     def run(self) -> None:
-        while not self._stop_event.wait(self._interval):
+        while not self._stop_event.wait(self.interval):
             if self.dirty:
                 self.dirty = False
                 self.checkpoint()
 
     def checkpoint(self) -> None:
         try:
+            self._sync_segments()
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as err:  # the next round retries; the WAL keeps every commit
-            logger.warning("WAL checkpoint failed (%s); retrying later", err)
+        except (OSError, sqlite3.Error) as err:  # the next round retries; nothing is lost
+            logger.warning("segment sync / WAL checkpoint failed (%s); retrying later", err)
             self.dirty = True
 
     def stop(self) -> None:
@@ -93,13 +124,22 @@ def _lock_file(path: Path) -> IO[str]:
     return handle
 
 
+def _group_row(meta: list[Any], location: PayloadLocation, crc: int) -> _GroupRow:
+    key, env_id, size, tokens, max_len, nbytes, policy_version = meta
+    return (
+        key, env_id, size, tokens, max_len, nbytes, policy_version, b"",
+        location.segment, location.offset, crc,
+    )  # fmt: skip
+
+
 class SqliteStore(GroupStore):
     def __init__(
         self,
         path: str | Path,
         *,
         group_ids_kept: int = DEFAULT_GROUP_IDS_KEPT,
-        checkpoint_interval: float = CHECKPOINT_INTERVAL_S,
+        sync_interval: float = SYNC_INTERVAL_S,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self.path = Path(path)
         self.description = f"sqlite:{self.path}"
@@ -112,25 +152,133 @@ class SqliteStore(GroupStore):
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
-        self._checkpointer = _Checkpointer(self.path, checkpoint_interval)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(groups)")}
+        for column in _LOCATION_COLUMNS:
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE groups ADD COLUMN {column} INTEGER")
+        self._log = SegmentLog(self.path.with_name(self.path.name + "-segments"), segment_bytes)
+        self._pending: list[tuple[str, list[tuple[Any, ...]]]] = []
+        self._pending_ids: dict[str, None] = {}
+        self._pending_state: bytes | None = None
+        self._pending_records = 0
+        self._locations: dict[int, PayloadLocation] = {}
+        self._live: Counter[int] = Counter()
+        self._maybe_empty: set[int] = set()
+        self._recent_ids = RecentIdFilter(group_ids_kept + _PRUNE_EVERY)
+        self._checkpointer = _Checkpointer(self.path, sync_interval, self._log.sync)
         self._checkpointer.start()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    @property
+    def segments_folder(self) -> Path:
+        return self._log.folder
+
+    # -- the segment log and its application to SQLite ----------------------------------
+
+    def _write(self, header: dict[str, Any], payloads: Sequence[bytes] = ()) -> None:
+        """Log one change (durable from here on) and queue it for SQLite."""
+        active = self._log.active_segment
+        locations = self._log.append(header, payloads)
+        if self._log.active_segment != active:
+            self._maybe_empty.add(active)
+        self._checkpointer.dirty = True
+        self._pend(header, locations)
+        if self._pending_records >= APPLY_EVERY:
+            self._apply()
+
+    def _pend(self, header: dict[str, Any], locations: Sequence[PayloadLocation]) -> None:
+        """What a logged change does to SQLite, queued in order (also used by the replay)."""
+        op = header["op"]
+        if op == "add":
+            rows = []
+            for (*meta, group_id), location, crc in zip(
+                header["groups"], locations, header["crcs"], strict=True
+            ):
+                rows.append(_group_row(meta, location, crc))
+                self._locations[meta[0]] = location
+                self._live[location.segment] += 1
+                if group_id is not None:
+                    self._pending_ids[group_id] = None
+                    self._recent_ids.add(group_id)
+            self._queue_sql(_INSERT_GROUP, rows)
+        elif op == "batch":
+            row = (header["step"], orjson.dumps(header["keys"]), int(header["delivered"]))
+            self._queue_sql(_INSERT_BATCH, [row])
+        elif op == "delivered":
+            flag = int(header["delivered"])
+            self._queue_sql(_SET_DELIVERED, [(flag, step) for step in header["steps"]])
+        elif op == "release":
+            self._queue_sql(_DELETE_BATCH, [(step,) for step in header["steps"]])
+        if op in ("release", "drop"):
+            self._queue_sql(_DELETE_GROUP, [(key,) for key in header["keys"]])
+            self._forget(header["keys"])
+        self._pending_state = header["state"]
+        self._pending_records += 1
+
+    def _queue_sql(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        if self._pending and self._pending[-1][0] == statement:
+            self._pending[-1][1].extend(rows)
+        else:
+            self._pending.append((statement, rows))
+
+    def _forget(self, keys: Collection[int]) -> None:
+        for key in keys:
+            location = self._locations.pop(key, None)
+            if location is not None:
+                self._live[location.segment] -= 1
+                if self._live[location.segment] <= 0:
+                    self._maybe_empty.add(location.segment)
+
+    def _apply(self) -> None:
+        """One transaction bringing SQLite up to the end of the segment log."""
+        end = self._log.end
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            yield self._db
+            for statement, rows in self._pending:
+                self._db.executemany(statement, rows)
+            self._remember_ids()
+            if self._pending_state is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO state (id, body) VALUES (0, ?)", (self._pending_state,)
+                )
+            self._db.execute(
+                "INSERT OR REPLACE INTO log_position (id, segment, offset) VALUES (0, ?, ?)", end
+            )
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        self._pending.clear()
+        self._pending_ids.clear()
+        self._pending_state = None
+        self._pending_records = 0
         self._checkpointer.dirty = True
+        for segment in [s for s in self._maybe_empty if s < end.segment]:
+            self._maybe_empty.discard(segment)  # every record in it is applied: safe to delete
+            if self._live[segment] <= 0:
+                self._live.pop(segment, None)
+                self._log.delete(segment)
 
-    @staticmethod
-    def _write_state(db: sqlite3.Connection, state: dict[str, Any]) -> None:
-        db.execute("INSERT OR REPLACE INTO state (id, body) VALUES (0, ?)", (orjson.dumps(state),))
+    def _remember_ids(self) -> None:
+        if not self._pending_ids:
+            return
+        self._db.executemany(
+            "INSERT OR IGNORE INTO group_ids (group_id) VALUES (?)",
+            [(group_id,) for group_id in self._pending_ids],
+        )
+        self._inserts_since_prune += len(self._pending_ids)
+        if self._inserts_since_prune >= _PRUNE_EVERY:
+            self._inserts_since_prune = 0
+            self._db.execute(
+                "DELETE FROM group_ids WHERE seq <= (SELECT MAX(seq) FROM group_ids) - ?",
+                (self._group_ids_kept,),
+            )
+
+    # -- start -------------------------------------------------------------------------
 
     def load(self) -> StoreSnapshot:
+        self._locations.clear()
+        self._live.clear()
+        self._replay_log()
         snapshot = StoreSnapshot()
         row = self._db.execute("SELECT body FROM state WHERE id = 0").fetchone()
         if row is not None:
@@ -140,47 +288,74 @@ class SqliteStore(GroupStore):
         ):
             snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
         in_batches = {key for batch in snapshot.batches for key in batch.keys}
+        self._locations.clear()
+        self._live.clear()
+        self._recent_ids.clear()
+        for (group_id,) in self._db.execute("SELECT group_id FROM group_ids ORDER BY seq"):
+            self._recent_ids.add(group_id)
         query = (
-            "SELECT key, env_id, size, tokens, max_len, nbytes, policy_version, batch_step "
-            "FROM groups ORDER BY key"
+            "SELECT key, env_id, size, tokens, max_len, nbytes, policy_version, batch_step,"
+            " segment, offset, crc FROM groups ORDER BY key"
         )
-        for *fields, batch_step in self._db.execute(query):
+        for *fields, batch_step, segment, offset, crc in self._db.execute(query):
             meta = GroupMeta(*fields)
             # batch_step: set by earlier versions; batch membership now lives in `batches` only
             if batch_step is None and meta.key not in in_batches:
                 snapshot.queued.append(meta)
             else:
                 snapshot.batched[meta.key] = meta
+            if segment is not None:
+                location = PayloadLocation(segment, offset, meta.nbytes)
+                self._locations[meta.key] = location
+                self._live[segment] += 1
+                if payload_crc(self._read(location)) != crc:
+                    snapshot.corrupt.add(meta.key)
+        self._maybe_empty.update(self._log.segments())
+        self._apply()  # deletes segments nothing points into
         return snapshot
 
+    def _read(self, location: PayloadLocation) -> bytes:
+        try:
+            return self._log.read(location)
+        except OSError:
+            return b""  # a missing or short segment: the crc check reports the group
+
+    def _replay_log(self) -> None:
+        """Apply to SQLite what the segment log holds past its last applied position."""
+        row = self._db.execute("SELECT segment, offset FROM log_position WHERE id = 0").fetchone()
+        segments = self._log.segments()
+        start = LogPosition(*row) if row else LogPosition(segments[0] if segments else 1, 0)
+        replayed = 0
+        for record in self._log.replay(start):
+            self._pend(record.header, record.payloads)
+            replayed += 1
+        if replayed:
+            logger.info("replayed %d change(s) from the segment log", replayed)
+            self._apply()
+
+    # -- the store interface -----------------------------------------------------------
+
     def add_groups(self, groups: Sequence[NewGroup], state: dict[str, Any]) -> None:
-        rows = [
-            (
-                g.meta.key, g.meta.env_id, g.meta.size, g.meta.tokens, g.meta.max_len,
-                g.meta.nbytes, g.meta.policy_version, g.blob,
-            )
-            for g in groups
-        ]  # fmt: skip
-        ids = [(g.group_id,) for g in groups if g.group_id is not None]
-        with self._transaction() as db:
-            db.executemany(
-                "INSERT INTO groups (key, env_id, size, tokens, max_len, nbytes, policy_version,"
-                " payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            db.executemany("INSERT OR IGNORE INTO group_ids (group_id) VALUES (?)", ids)
-            self._write_state(db, state)
-            self._inserts_since_prune += len(ids)
-            if self._inserts_since_prune >= _PRUNE_EVERY:
-                self._inserts_since_prune = 0
-                db.execute(
-                    "DELETE FROM group_ids WHERE seq <= (SELECT MAX(seq) FROM group_ids) - ?",
-                    (self._group_ids_kept,),
-                )
+        blobs = [g.blob for g in groups]
+        header = {
+            "op": "add",
+            "state": orjson.dumps(state),
+            "groups": [
+                [
+                    g.meta.key, g.meta.env_id, g.meta.size, g.meta.tokens, g.meta.max_len,
+                    g.meta.nbytes, g.meta.policy_version, g.group_id,
+                ]
+                for g in groups
+            ],
+            "lengths": [len(blob) for blob in blobs],
+            "crcs": [payload_crc(blob) for blob in blobs],
+        }  # fmt: skip
+        self._write(header, blobs)
 
     def seen_group_ids(self, group_ids: Collection[str]) -> set[str]:
-        seen: set[str] = set()
-        ids = list(group_ids)
+        maybe = [group_id for group_id in group_ids if self._recent_ids.may_contain(group_id)]
+        seen = {group_id for group_id in maybe if group_id in self._pending_ids}
+        ids = [group_id for group_id in maybe if group_id not in seen]
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
@@ -189,55 +364,67 @@ class SqliteStore(GroupStore):
         return seen
 
     def payloads(self, keys: Sequence[int]) -> list[bytes]:
-        found = {
-            key: blob
-            for key, blob in self._db.execute(
-                f"SELECT key, payload FROM groups WHERE key IN ({','.join('?' * len(keys))})",
-                list(keys),
-            )
-        }
-        return [found[key] for key in keys]
+        in_rows = [key for key in keys if key not in self._locations]
+        found = {}
+        if in_rows:  # groups stored by versions that kept payloads inside SQLite
+            marks = ",".join("?" * len(in_rows))
+            query = f"SELECT key, payload FROM groups WHERE key IN ({marks})"
+            found = dict(self._db.execute(query, in_rows))
+        return [
+            self._log.read(self._locations[key]) if key in self._locations else found[key]
+            for key in keys
+        ]
 
     def drop_groups(self, keys: Collection[int], state: dict[str, Any]) -> None:
-        with self._transaction() as db:
-            db.executemany("DELETE FROM groups WHERE key = ?", [(k,) for k in keys])
-            self._write_state(db, state)
+        self._write({"op": "drop", "keys": list(keys), "state": orjson.dumps(state)})
 
     def save_batch(self, batch: BatchRecord, state: dict[str, Any]) -> None:
-        with self._transaction() as db:
-            # Membership is recorded here only: an UPDATE of the group rows would rewrite
-            # every payload (SQLite rewrites a whole record), ~tens of KB per group.
-            db.execute(
-                "INSERT OR REPLACE INTO batches (step, keys, delivered) VALUES (?, ?, ?)",
-                (batch.step, orjson.dumps(list(batch.keys)), int(batch.delivered)),
-            )
-            self._write_state(db, state)
+        self._write(
+            {
+                "op": "batch", "step": batch.step, "keys": list(batch.keys),
+                "delivered": batch.delivered, "state": orjson.dumps(state),
+            }
+        )  # fmt: skip
 
     def set_delivered(self, steps: Collection[int], delivered: bool, state: dict[str, Any]) -> None:
-        with self._transaction() as db:
-            db.executemany(
-                "UPDATE batches SET delivered = ? WHERE step = ?",
-                [(int(delivered), step) for step in steps],
-            )
-            self._write_state(db, state)
+        self._write(
+            {
+                "op": "delivered", "steps": list(steps), "delivered": delivered,
+                "state": orjson.dumps(state),
+            }
+        )  # fmt: skip
 
     def release_batches(self, batches: Sequence[BatchRecord], state: dict[str, Any]) -> None:
-        with self._transaction() as db:
-            keys = [(key,) for batch in batches for key in batch.keys]
-            db.executemany("DELETE FROM groups WHERE key = ?", keys)
-            db.executemany("DELETE FROM batches WHERE step = ?", [(b.step,) for b in batches])
-            self._write_state(db, state)
+        self._write(
+            {
+                "op": "release", "steps": [b.step for b in batches],
+                "keys": [key for batch in batches for key in batch.keys],
+                "state": orjson.dumps(state),
+            }
+        )  # fmt: skip
 
     def save_state(self, state: dict[str, Any]) -> None:
-        with self._transaction() as db:
-            self._write_state(db, state)
+        self._write({"op": "state", "state": orjson.dumps(state)})
 
     def reset(self) -> None:
-        with self._transaction() as db:
-            for table in ("groups", "batches", "group_ids", "state"):
-                db.execute(f"DELETE FROM {table}")
+        self._pending.clear()
+        self._pending_ids.clear()
+        self._pending_state = None
+        self._pending_records = 0
+        self._log.delete_all()
+        self._locations.clear()
+        self._live.clear()
+        self._maybe_empty.clear()
+        self._recent_ids.clear()
+        self._db.execute("BEGIN IMMEDIATE")
+        for table in ("groups", "batches", "group_ids", "state", "log_position"):
+            self._db.execute(f"DELETE FROM {table}")
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
+        if self._pending_records:
+            self._apply()  # spares the next start a replay
         self._checkpointer.stop()
         self._db.close()
+        self._log.close()
         self._lock.close()
