@@ -9,6 +9,7 @@ are float32; every other field is orjson. A group of G sequences of L tokens cos
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -28,6 +29,12 @@ _FLAG = np.dtype("u1")
 _ARRAY_FIELDS = frozenset(("tokens", "masks", *PACKED_FLOAT_FIELDS))
 
 
+def _flat_int(rows: list[np.ndarray]) -> np.ndarray:
+    if not rows:
+        return np.zeros(0, _INT)
+    return np.concatenate(rows).astype(_INT, copy=False)
+
+
 def _concat(rows: list[np.ndarray], dtype: np.dtype[Any]) -> bytes:
     if not rows:
         return b""
@@ -37,18 +44,19 @@ def _concat(rows: list[np.ndarray], dtype: np.dtype[Any]) -> bytes:
 def encode_group(group: dict[str, Any]) -> bytes:
     """``group`` holds per-token fields as lists of 1-D numpy arrays (as validation leaves it)."""
     tokens: list[np.ndarray] = group["tokens"]
-    flat_tokens = np.concatenate(tokens).astype(_INT) if tokens else np.zeros(0, _INT)
-    flat_masks = np.concatenate(group["masks"]).astype(_INT) if tokens else np.zeros(0, _INT)
+    flat_tokens = _flat_int(tokens)
+    flat_masks = _flat_int(group["masks"])
     trained = flat_masks != MASK_IGNORE_INDEX
     record: dict[str, Any] = {
         "n": np.fromiter((len(row) for row in tokens), _INT, len(tokens)).tobytes()
     }
-    if flat_tokens.size == 0 or (flat_tokens.min() >= 0 and flat_tokens.max() <= 0xFFFF):
+    # all ids in 0..65535 exactly when their bitwise OR is (a negative one sets the sign bit)
+    if flat_tokens.size == 0 or 0 <= np.bitwise_or.reduce(flat_tokens) <= 0xFFFF:
         record["s"] = flat_tokens.astype(_SHORT).tobytes()
     else:
         record["t"] = flat_tokens.tobytes()
-    if np.array_equal(flat_masks[trained], flat_tokens[trained]):
-        record["f"] = trained.astype(_FLAG).tobytes()
+    if not ((flat_masks != flat_tokens) & trained).any():
+        record["f"] = trained.view(_FLAG).tobytes()
     else:
         record["m"] = flat_masks.tobytes()
     for name in PACKED_FLOAT_FIELDS:
@@ -74,22 +82,22 @@ def _dump_extras(extras: dict[str, Any]) -> bytes:
         raise
 
 
-def _split(flat: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+def _split(flat: np.ndarray, bounds: list[int]) -> list[np.ndarray]:
     return [flat[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
 
 
 def decode_group(blob: bytes) -> dict[str, Any]:
     """Every key of ``SCORED_DATA_FIELDS`` (None when absent); per-token fields as numpy arrays."""
     record = msgpack.unpackb(blob, raw=False)
-    lengths = np.frombuffer(record["n"], _INT)
-    bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    bounds = [0, *itertools.accumulate(np.frombuffer(record["n"], _INT).tolist())]
     if "s" in record:
         flat_tokens = np.frombuffer(record["s"], _SHORT).astype(_INT)
     else:
         flat_tokens = np.frombuffer(record["t"], _INT)
     if "f" in record:
-        flags = np.frombuffer(record["f"], _FLAG).astype(bool)
-        flat_masks = np.where(flags, flat_tokens, np.int32(MASK_IGNORE_INDEX)).astype(_INT)
+        untrained = ~np.frombuffer(record["f"], _FLAG).view(bool)
+        flat_masks = flat_tokens.copy()
+        np.putmask(flat_masks, untrained, MASK_IGNORE_INDEX)
     else:
         flat_masks = np.frombuffer(record["m"], _INT)
     group: dict[str, Any] = dict.fromkeys(SCORED_DATA_FIELDS)
