@@ -123,8 +123,10 @@ class Broker:
             snapshot.batched.pop(key, None)
         self._count("dropped_corrupt", len(lost_keys))
         queued_corrupt = snapshot.corrupt - {key for batch in broken for key in batch.keys}
-        self.store.release_batches(broken, self._state)
-        self.store.drop_groups(queued_corrupt, self._state)
+        if broken:
+            self.store.release_batches(broken, self._state)
+        if queued_corrupt:
+            self.store.drop_groups(queued_corrupt, self._state)
         logger.error(
             "dropped %d stored group(s) (%d batch(es)) whose payload is damaged, e.g. by a "
             "power loss right after they were written",

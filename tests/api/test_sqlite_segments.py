@@ -23,6 +23,7 @@ from atroposlib.api.store import SqliteStore, open_store
 from atroposlib.api.store import sqlite as sqlite_module
 from atroposlib.api.store.blob import encode_group
 from atroposlib.api.store.seen import RecentIdFilter
+from atroposlib.api.store.segments import LogPosition, SegmentLog
 from atroposlib.api.validation import check_group
 
 
@@ -239,3 +240,19 @@ def test_duplicates_are_found_through_the_filter_before_and_after_sqlite_has_the
     assert broker.ingest([make_group(1, group_id="id7")]).duplicates == 1  # applied
     assert msgpack.packb(broker.counters)  # counters stay plain data
     broker.store.close()
+
+
+def test_segment_log_rotates_syncs_and_reads_with_few_open_files(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path / "segments", segment_bytes=64)
+    payloads = [bytes([n]) * 100 for n in range(100)]
+    locations = [log.append({"op": "state", "n": n}, [p])[0] for n, p in enumerate(payloads)]
+    assert len(log.segments()) == 100  # every record starts a new (tiny) segment
+    log.sync()  # fdatasyncs each written segment, from any thread
+    assert [log.read(loc) for loc in locations] == payloads
+    assert len(os.listdir("/proc/self/fd")) < 100  # readers are closed past a bound
+    log.delete(locations[0].segment)
+    with pytest.raises(ValueError, match="active"):
+        log.delete(log.active_segment)
+    replayed = list(log.replay(LogPosition(locations[1].segment, 0)))
+    assert [r.header["n"] for r in replayed] == list(range(1, 100))
+    log.close()

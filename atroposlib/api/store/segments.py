@@ -89,9 +89,14 @@ class SegmentLog:
         return LogPosition(self._active, self._end)
 
     def append(self, header: dict[str, Any], payloads: Sequence[bytes]) -> list[PayloadLocation]:
-        """Write one record; where each of its payloads now lies."""
+        """Write one record; where each of its payloads now lies.
+
+        Adds ``lengths`` and ``crcs`` (crc32 of each payload) to ``header`` before writing it.
+        """
         if self._end >= self.segment_bytes:
             self._rotate()
+        header["lengths"] = [len(payload) for payload in payloads]
+        header["crcs"] = [payload_crc(payload) for payload in payloads]
         head = msgpack.packb(header, use_bin_type=True)
         frame = _FRAME.pack(len(head), zlib.crc32(head))
         offset = self._end + len(frame) + len(head)

@@ -347,8 +347,6 @@ class SqliteStore(GroupStore):
                 ]
                 for g in groups
             ],
-            "lengths": [len(blob) for blob in blobs],
-            "crcs": [payload_crc(blob) for blob in blobs],
         }  # fmt: skip
         self._write(header, blobs)
 
