@@ -251,8 +251,11 @@ class Broker:
             return WandbInfoResponse(group=None, project=None)
         return WandbInfoResponse(group=trainer.wandb_group, project=trainer.wandb_project)
 
-    def next_batch(self) -> tuple[int, list[dict[str, Any]]] | None:
-        """The next batch for the trainer (re-deliveries first), or None without enough data."""
+    def next_batch(self, *, packed: bool = False) -> tuple[int, list[dict[str, Any]]] | None:
+        """The next batch for the trainer (re-deliveries first), or None without enough data.
+
+        ``packed``: groups as the msgpack answer carries them (see ``decode_group``).
+        """
         trainer = self._require_trainer()
         if not self._state["started"]:
             self._state["started"] = True
@@ -262,7 +265,7 @@ class Broker:
                 batch.delivered = True
                 self._state["current_step"] = step
                 self.store.set_delivered([step], True, self._state)
-                return step, self._load_groups(batch.keys)
+                return step, self._load_groups(batch.keys, packed)
         self._drop_stale(trainer)
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
@@ -280,15 +283,15 @@ class Broker:
         batch = BatchRecord(step, tuple(keys), delivered=True)
         self._batches[step] = batch
         self.store.save_batch(batch, self._state)
-        groups = self._load_groups(batch.keys)
+        groups = self._load_groups(batch.keys, packed)
         if not trainer.acknowledges:
             delivered = [s for s, b in self._batches.items() if b.delivered]
             excess = len(delivered) - self.settings.retain_delivered_batches
             self._release(delivered[: max(0, excess)])
         return step, groups
 
-    def _load_groups(self, keys: Sequence[int]) -> list[dict[str, Any]]:
-        return [decode_group(blob) for blob in self.store.payloads(keys)]
+    def _load_groups(self, keys: Sequence[int], packed: bool) -> list[dict[str, Any]]:
+        return [decode_group(blob, packed=packed) for blob in self.store.payloads(keys)]
 
     def _drop_stale(self, trainer: TrainerRegistration) -> None:
         if trainer.max_staleness is None:

@@ -98,14 +98,12 @@ class HotRoutes:
 
     async def batch(self, headers: Mapping[str, str], _: bytes) -> Answer:
         started = time.perf_counter()
-        formed = self._broker().next_batch()
-        self._metrics.batch_seconds.observe(time.perf_counter() - started)
         accept = headers.get("accept")
+        formed = self._broker().next_batch(packed=codec.is_msgpack(accept))
+        self._metrics.batch_seconds.observe(time.perf_counter() - started)
         if formed is None:
             return _encoded({"batch": None, "step": None}, accept)
         step, groups = formed
-        if codec.is_msgpack(accept):
-            groups = [codec.pack_group(group) for group in groups]
         answer = _encoded({"batch": groups, "step": step}, accept)
         self._metrics.bytes_out.inc(len(answer.body))
         return answer

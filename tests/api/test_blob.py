@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from atroposlib import codec
 from atroposlib.api.store.blob import decode_group, encode_group
 from atroposlib.api.validation import check_group
 
@@ -42,3 +43,26 @@ def test_small_vocabularies_cost_three_bytes_per_token() -> None:
         check_group({"tokens": big_tokens, "masks": big_masks, "scores": [0.0] * 8}).group
     )
     assert len(small) < 3.2 * 8 * 512 < 5 * 8 * 512 < len(big) < 5.2 * 8 * 512
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"inference_logprobs": [[-0.5, -1.0, -2.0], [-0.1, -0.2]], "ref_logprobs": None},
+        {"advantages": [[1.0, 1.0, 1.0], [0.5, 0.5]]},
+    ],
+)
+@pytest.mark.parametrize(
+    ("tokens", "masks"),
+    [
+        ([[5, 65535, 0], [1, 2]], [[-100, 65535, 0], [1, -100]]),
+        ([[-3, 4, 9], [70000, 1]], [[0, 4, 9], [-100, 1]]),
+    ],
+)
+def test_packed_decoding_is_what_pack_group_makes_of_the_arrays(
+    tokens: list[list[int]], masks: list[list[int]], extra: dict[str, object]
+) -> None:
+    group = {"tokens": tokens, "masks": masks, "scores": [1.0, 0.0], "env_id": 1, **extra}
+    blob = encode_group(check_group(group).group)
+    assert decode_group(blob, packed=True) == codec.pack_group(decode_group(blob))

@@ -86,8 +86,17 @@ def _split(flat: np.ndarray, bounds: list[int]) -> list[np.ndarray]:
     return [flat[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
 
 
-def decode_group(blob: bytes) -> dict[str, Any]:
-    """Every key of ``SCORED_DATA_FIELDS`` (None when absent); per-token fields as numpy arrays."""
+def _split_bytes(flat: np.ndarray | bytes, bounds: list[int]) -> list[bytes]:
+    data = flat if isinstance(flat, bytes) else flat.tobytes()
+    return [data[4 * start : 4 * end] for start, end in itertools.pairwise(bounds)]
+
+
+def decode_group(blob: bytes, *, packed: bool = False) -> dict[str, Any]:
+    """Every key of ``SCORED_DATA_FIELDS`` (None when absent); per-token fields as numpy arrays.
+
+    ``packed``: per-token fields as little-endian bytes per sequence instead, exactly what
+    :func:`atroposlib.codec.pack_group` makes of the arrays (the msgpack answer), built directly.
+    """
     record = msgpack.unpackb(blob, raw=False)
     bounds = [0, *itertools.accumulate(np.frombuffer(record["n"], _INT).tolist())]
     if "s" in record:
@@ -102,6 +111,13 @@ def decode_group(blob: bytes) -> dict[str, Any]:
         flat_masks = np.frombuffer(record["m"], _INT)
     group: dict[str, Any] = dict.fromkeys(SCORED_DATA_FIELDS)
     group.update(orjson.loads(record["x"]))
+    if packed:
+        group["tokens"] = _split_bytes(flat_tokens, bounds)
+        group["masks"] = _split_bytes(flat_masks, bounds)
+        for name in PACKED_FLOAT_FIELDS:
+            if name in record:
+                group[name] = _split_bytes(record[name], bounds)
+        return group
     group["tokens"] = _split(flat_tokens, bounds)
     group["masks"] = _split(flat_masks, bounds)
     for name in PACKED_FLOAT_FIELDS:
