@@ -22,6 +22,7 @@ import fcntl
 import logging
 import sqlite3
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -297,6 +298,7 @@ class SqliteStore(GroupStore):
             "SELECT key, env_id, size, tokens, max_len, nbytes, policy_version, batch_step,"
             " segment, offset, crc FROM groups ORDER BY key"
         )
+        started, checked_bytes = time.perf_counter(), 0
         for *fields, batch_step, segment, offset, crc in self._db.execute(query):
             meta = GroupMeta(*fields)
             # batch_step: set by earlier versions; batch membership now lives in `batches` only
@@ -310,6 +312,12 @@ class SqliteStore(GroupStore):
                 self._live[segment] += 1
                 if payload_crc(self._read(location)) != crc:
                     snapshot.corrupt.add(meta.key)
+                checked_bytes += meta.nbytes
+        if checked_bytes:
+            logger.info(
+                "checked %d stored payload(s), %.1f MB, in %.2f s",
+                len(self._locations), checked_bytes / 1e6, time.perf_counter() - started,
+            )  # fmt: skip
         self._maybe_empty.update(self._log.segments())
         self._apply()  # deletes segments nothing points into
         return snapshot
