@@ -256,3 +256,30 @@ def test_segment_log_rotates_syncs_and_reads_with_few_open_files(tmp_path: Path)
     replayed = list(log.replay(LogPosition(locations[1].segment, 0)))
     assert [r.header["n"] for r in replayed] == list(range(1, 100))
     log.close()
+
+
+def test_a_long_waiting_group_is_moved_out_of_its_segment_and_survives_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "APPLY_EVERY", 4)
+    path = tmp_path / "b.sqlite3"
+    store = SqliteStore(path, segment_bytes=4_000)
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=2, acknowledges=True, max_staleness=None))
+    broker.ingest([make_group(1, marker=5, env_id=None)])  # a 1-sequence group: waits
+    for n in range(1, 60):
+        broker.ingest([make_group(2, marker=100 * n)])
+        step, _ = broker.next_batch() or (0, [])
+        broker.ack(step)
+    first_segment = min(int(p.stem) for p in segment_files(path))
+    assert first_segment > 1  # the waiting group's payload was copied forward, its segment freed
+    assert len(segment_files(path)) < 12
+    assert store.payloads([1]) == [encode_group(check_group(make_group(1, marker=5)).group)]
+    crash(store)
+
+    reopened = make_broker(SqliteStore(path, segment_bytes=4_000))
+    assert reopened.status().queue_size == 1
+    reopened.ingest([make_group(1, marker=6)])
+    reopened.register_trainer(trainer(batch_size=2, acknowledges=True, starting_step=59))
+    assert batch_markers(reopened) == (60, [5, 6])
+    reopened.store.close()

@@ -13,7 +13,9 @@ A background thread fdatasyncs the segments and then checkpoints the WAL every
 last interval (as SQLite's ``synchronous=NORMAL`` or Redis's ``appendfsync everysec``). At start
 every stored payload is checked against its crc32, and a damaged one is reported in
 ``StoreSnapshot.corrupt`` instead of being served. Payloads stay in their segment (read with
-``pread``); a segment is deleted once every record in it is applied and no group points into it.
+``pread``); a segment is deleted once every record in it is applied and no group points into it,
+and the few live payloads of an old, mostly released segment are copied forward (``COMPACT_BELOW``)
+so that a long-waiting group does not keep a whole segment on disk.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -67,6 +69,10 @@ _LOCATION_COLUMNS = ("segment", "offset", "crc")  # absent from files of earlier
 _PRUNE_EVERY = 10_000
 APPLY_EVERY = 256
 """Groups accepted into the segment log before they are applied to SQLite without a batch."""
+COMPACT_BELOW = 0.25
+"""A closed segment whose live payloads fill less than this share of it has them copied forward."""
+_RECENT_SEGMENTS = 4  # the newest segments are left alone: their groups are usually used soon
+_COMPACTIONS_PER_APPLY = 8
 SYNC_INTERVAL_S = 1.0
 """How often the background thread fdatasyncs segments and checkpoints the WAL after writes."""
 
@@ -78,6 +84,7 @@ _INSERT_BATCH = "INSERT OR REPLACE INTO batches (step, keys, delivered) VALUES (
 _SET_DELIVERED = "UPDATE batches SET delivered = ? WHERE step = ?"
 _DELETE_BATCH = "DELETE FROM batches WHERE step = ?"
 _DELETE_GROUP = "DELETE FROM groups WHERE key = ?"
+_MOVE_GROUP = "UPDATE groups SET segment = ?, offset = ?, crc = ? WHERE key = ?"
 _GroupRow = tuple[int, int | None, int, int, int, int, int | None, bytes, int, int, int]
 
 
@@ -163,7 +170,8 @@ class SqliteStore(GroupStore):
         self._pending_state: bytes | None = None
         self._pending_records = 0
         self._locations: dict[int, PayloadLocation] = {}
-        self._live: Counter[int] = Counter()
+        self._segment_keys: defaultdict[int, set[int]] = defaultdict(set)
+        self._live_bytes: Counter[int] = Counter()
         self._maybe_empty: set[int] = set()
         self._recent_ids = RecentIdFilter(group_ids_kept + _PRUNE_EVERY)
         self._checkpointer = _Checkpointer(self.path, sync_interval, self._log.sync)
@@ -195,8 +203,7 @@ class SqliteStore(GroupStore):
                 header["groups"], locations, header["crcs"], strict=True
             ):
                 rows.append(_group_row(meta, location, crc))
-                self._locations[meta[0]] = location
-                self._live[location.segment] += 1
+                self._place(meta[0], location)
                 if group_id is not None:
                     self._pending_ids[group_id] = None
                     self._recent_ids.add(group_id)
@@ -209,10 +216,18 @@ class SqliteStore(GroupStore):
             self._queue_sql(_SET_DELIVERED, [(flag, step) for step in header["steps"]])
         elif op == "release":
             self._queue_sql(_DELETE_BATCH, [(step,) for step in header["steps"]])
+        elif op == "move":
+            moves = []
+            for key, location, crc in zip(header["keys"], locations, header["crcs"], strict=True):
+                self._forget([key])
+                self._place(key, location)
+                moves.append((location.segment, location.offset, crc, key))
+            self._queue_sql(_MOVE_GROUP, moves)
         if op in ("release", "drop"):
             self._queue_sql(_DELETE_GROUP, [(key,) for key in header["keys"]])
             self._forget(header["keys"])
-        self._pending_state = header["state"]
+        if "state" in header:
+            self._pending_state = header["state"]
         self._pending_records += 1
 
     def _queue_sql(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
@@ -221,15 +236,22 @@ class SqliteStore(GroupStore):
         else:
             self._pending.append((statement, rows))
 
+    def _place(self, key: int, location: PayloadLocation) -> None:
+        self._locations[key] = location
+        self._segment_keys[location.segment].add(key)
+        self._live_bytes[location.segment] += location.length
+
     def _forget(self, keys: Collection[int]) -> None:
         for key in keys:
             location = self._locations.pop(key, None)
             if location is not None:
-                self._live[location.segment] -= 1
-                if self._live[location.segment] <= 0:
+                still_there = self._segment_keys[location.segment]
+                still_there.discard(key)
+                self._live_bytes[location.segment] -= location.length
+                if not still_there:
                     self._maybe_empty.add(location.segment)
 
-    def _apply(self) -> None:
+    def _apply(self, *, compact: bool = True) -> None:
         """One transaction bringing SQLite up to the end of the segment log."""
         end = self._log.end
         self._db.execute("BEGIN IMMEDIATE")
@@ -255,9 +277,30 @@ class SqliteStore(GroupStore):
         self._checkpointer.dirty = True
         for segment in [s for s in self._maybe_empty if s < end.segment]:
             self._maybe_empty.discard(segment)  # every record in it is applied: safe to delete
-            if self._live[segment] <= 0:
-                self._live.pop(segment, None)
+            if not self._segment_keys.get(segment):
+                self._segment_keys.pop(segment, None)
+                self._live_bytes.pop(segment, None)
                 self._log.delete(segment)
+        if compact:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Copy the few live payloads of old, mostly released segments forward (a "move").
+
+        Without this, one group that waits long (a rarely picked env) would keep its whole
+        segment on disk; the emptied segment is deleted once the move is applied.
+        """
+        oldest_kept = self._log.active_segment - _RECENT_SEGMENTS
+        sparse = [
+            segment
+            for segment, live_bytes in sorted(self._live_bytes.items())
+            if segment < oldest_kept and 0 < live_bytes < COMPACT_BELOW * self._log.segment_bytes
+        ][:_COMPACTIONS_PER_APPLY]
+        for segment in sparse:
+            keys = sorted(self._segment_keys[segment])
+            payloads = [self._log.read(self._locations[key]) for key in keys]
+            self._write({"op": "move", "keys": keys}, payloads)
+            logger.debug("moved %d group(s) out of segment %d", len(keys), segment)
 
     def _remember_ids(self) -> None:
         if not self._pending_ids:
@@ -278,7 +321,8 @@ class SqliteStore(GroupStore):
 
     def load(self) -> StoreSnapshot:
         self._locations.clear()
-        self._live.clear()
+        self._segment_keys.clear()
+        self._live_bytes.clear()
         self._replay_log()
         snapshot = StoreSnapshot()
         row = self._db.execute("SELECT body FROM state WHERE id = 0").fetchone()
@@ -290,7 +334,8 @@ class SqliteStore(GroupStore):
             snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
         in_batches = {key for batch in snapshot.batches for key in batch.keys}
         self._locations.clear()
-        self._live.clear()
+        self._segment_keys.clear()
+        self._live_bytes.clear()
         self._recent_ids.clear()
         for (group_id,) in self._db.execute("SELECT group_id FROM group_ids ORDER BY seq"):
             self._recent_ids.add(group_id)
@@ -308,8 +353,7 @@ class SqliteStore(GroupStore):
                 snapshot.batched[meta.key] = meta
             if segment is not None:
                 location = PayloadLocation(segment, offset, meta.nbytes)
-                self._locations[meta.key] = location
-                self._live[segment] += 1
+                self._place(meta.key, location)
                 if payload_crc(self._read(location)) != crc:
                     snapshot.corrupt.add(meta.key)
                 checked_bytes += meta.nbytes
@@ -419,7 +463,8 @@ class SqliteStore(GroupStore):
         self._pending_records = 0
         self._log.delete_all()
         self._locations.clear()
-        self._live.clear()
+        self._segment_keys.clear()
+        self._live_bytes.clear()
         self._maybe_empty.clear()
         self._recent_ids.clear()
         self._db.execute("BEGIN IMMEDIATE")
@@ -429,7 +474,7 @@ class SqliteStore(GroupStore):
 
     def close(self) -> None:
         if self._pending_records:
-            self._apply()  # spares the next start a replay
+            self._apply(compact=False)  # spares the next start a replay
         self._checkpointer.stop()
         self._db.close()
         self._log.close()
