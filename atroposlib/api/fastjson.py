@@ -14,6 +14,7 @@ field of anything it refuses. So this module only ever speeds a body up; it deci
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -80,7 +81,7 @@ def _group(item: Any) -> dict[str, Any]:
     for key in item:
         value = item[key]
         if key in PACKED_INT_FIELDS:
-            group[key] = _rows(value, _int_row)
+            group[key] = _int_rows(value)
         elif key in PACKED_FLOAT_FIELDS:
             group[key] = _rows(value, _float_row)
         else:
@@ -96,16 +97,26 @@ def _rows(value: Any, convert: Any) -> Any:
     return [convert(row) for row in value]
 
 
-def _int_row(row: Any) -> np.ndarray:
+def _int_rows(value: Any) -> list[np.ndarray] | None:
+    """int32 views of one array: the int32 range is checked once per field, not once per row."""
+    rows = _rows(value, _int64_row)
+    if not rows:
+        return rows
+    flat = np.concatenate(rows)
+    if flat.size and (flat.min() < _INT32.min or flat.max() > _INT32.max):
+        raise _Fallback
+    narrowed = flat.astype(np.int32)
+    bounds = [0, *itertools.accumulate(len(row) for row in rows)]
+    return [narrowed[start:end] for start, end in itertools.pairwise(bounds)]
+
+
+def _int64_row(row: Any) -> np.ndarray:
     if not isinstance(row, simdjson.Array):
         raise _Fallback
     try:
-        values = np.frombuffer(row.as_buffer(of_type="i"), dtype=np.int64)
+        return np.frombuffer(row.as_buffer(of_type="i"), dtype=np.int64)
     except (TypeError, ValueError) as err:  # floats, booleans, strings, numbers past int64
         raise _Fallback from err
-    if values.size and (values.min() < _INT32.min or values.max() > _INT32.max):
-        raise _Fallback
-    return values.astype(np.int32)
 
 
 def _float_row(row: Any) -> np.ndarray:

@@ -76,6 +76,7 @@ def test_list_bodies_decode_group_by_group() -> None:
         b'{"tokens": [[1, 5.0]]}',  # integral floats: the protocol takes them, the slow path knows
         b'{"tokens": [[1, true]]}',
         b'{"tokens": [[1, 2147483648]]}',  # past int32: the slow path names it
+        b'{"tokens": [[1], [], [-2147483649]]}',  # in a later row
         b'{"tokens": [[1, 99999999999999999999]]}',  # past 64 bits
         b'{"tokens": [[1, "2"]]}',
         b'{"tokens": [1, 2]}',

@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS log_position (
 _LOCATION_COLUMNS = ("segment", "offset", "crc")  # absent from files of earlier versions
 _PRUNE_EVERY = 10_000
 APPLY_EVERY = 256
-"""Groups accepted into the segment log before they are applied to SQLite without a batch."""
+"""Changes written to the segment log before they are applied to SQLite in one transaction."""
 COMPACT_BELOW = 0.25
 """A closed segment whose live payloads fill less than this share of it has them copied forward."""
 _RECENT_SEGMENTS = 4  # the newest segments are left alone: their groups are usually used soon
@@ -298,7 +298,11 @@ class SqliteStore(GroupStore):
         ][:_COMPACTIONS_PER_APPLY]
         for segment in sparse:
             keys = sorted(self._segment_keys[segment])
-            payloads = [self._log.read(self._locations[key]) for key in keys]
+            try:
+                payloads = [self._log.read(self._locations[key]) for key in keys]
+            except OSError as err:  # the groups stay where they are; a later apply retries
+                logger.warning("could not compact segment %d: %s", segment, err)
+                continue
             self._write({"op": "move", "keys": keys}, payloads)
             logger.debug("moved %d group(s) out of segment %d", len(keys), segment)
 
@@ -363,7 +367,7 @@ class SqliteStore(GroupStore):
                 len(self._locations), checked_bytes / 1e6, time.perf_counter() - started,
             )  # fmt: skip
         self._maybe_empty.update(self._log.segments())
-        self._apply()  # deletes segments nothing points into
+        self._apply(compact=False)  # deletes segments nothing points into
         return snapshot
 
     def _read(self, location: PayloadLocation) -> bytes:
