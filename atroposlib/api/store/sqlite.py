@@ -20,18 +20,17 @@ so that a long-waiting group does not keep a whole segment on disk.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import sqlite3
-import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
+from atroposlib.api.store.background import Checkpointer, lock_store
 from atroposlib.api.store.base import (
     DEFAULT_GROUP_IDS_KEPT,
     BatchRecord,
@@ -48,7 +47,6 @@ from atroposlib.api.store.segments import (
     SegmentLog,
     payload_crc,
 )
-from atroposlib.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -88,50 +86,6 @@ _MOVE_GROUP = "UPDATE groups SET segment = ?, offset = ?, crc = ? WHERE key = ?"
 _GroupRow = tuple[int, int | None, int, int, int, int, int | None, bytes, int, int, int]
 
 
-class _Checkpointer(threading.Thread):
-    """Syncs the segments, then checkpoints the WAL, whenever something was written."""
-
-    def __init__(self, path: Path, interval: float, sync_segments: Callable[[], None]) -> None:
-        super().__init__(name=f"sqlite-checkpoint:{path.name}", daemon=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.interval = interval
-        self._sync_segments = sync_segments
-        self._stop_event = threading.Event()
-        self.dirty = False
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            if self.dirty:
-                self.dirty = False
-                self.checkpoint()
-
-    def checkpoint(self) -> None:
-        try:
-            self._sync_segments()
-            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except (OSError, sqlite3.Error) as err:  # the next round retries; nothing is lost
-            logger.warning("segment sync / WAL checkpoint failed (%s); retrying later", err)
-            self.dirty = True
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join()
-        self._db.close()
-
-
-def _lock_file(path: Path) -> IO[str]:
-    """Hold an exclusive lock next to the database: one broker per store (freed on any exit)."""
-    handle = open(path.with_name(path.name + ".lock"), "w")  # noqa: SIM115 - held until close
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as err:
-        handle.close()
-        raise ConfigError(
-            f"another broker is using {path}; stop it or pass a different --store"
-        ) from err
-    return handle
-
-
 def _group_row(meta: list[Any], location: PayloadLocation, crc: int) -> _GroupRow:
     key, env_id, size, tokens, max_len, nbytes, policy_version = meta
     return (
@@ -154,7 +108,7 @@ class SqliteStore(GroupStore):
         self._group_ids_kept = group_ids_kept
         self._inserts_since_prune = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_file(self.path)
+        self._lock = lock_store(self.path)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -174,7 +128,7 @@ class SqliteStore(GroupStore):
         self._live_bytes: Counter[int] = Counter()
         self._maybe_empty: set[int] = set()
         self._recent_ids = RecentIdFilter(group_ids_kept + _PRUNE_EVERY)
-        self._checkpointer = _Checkpointer(self.path, sync_interval, self._log.sync)
+        self._checkpointer = Checkpointer(self.path, sync_interval, self._log.sync)
         self._checkpointer.start()
 
     @property
