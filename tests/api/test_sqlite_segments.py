@@ -283,3 +283,49 @@ def test_a_long_waiting_group_is_moved_out_of_its_segment_and_survives_a_crash(
     reopened.register_trainer(trainer(batch_size=2, acknowledges=True, starting_step=59))
     assert batch_markers(reopened) == (60, [5, 6])
     reopened.store.close()
+
+
+def test_a_record_of_more_payloads_than_one_writev_takes(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path / "segments")
+    payloads = [n.to_bytes(4, "little") * (n % 7) for n in range(3_000)]  # IOV_MAX is 1024
+    locations = log.append({"op": "add"}, payloads)
+    assert [log.read(loc) for loc in locations] == payloads
+    (record,) = log.replay(LogPosition(log.active_segment, 0))
+    assert record.payloads == locations
+    log.close()
+
+
+def test_a_list_post_of_thousands_of_groups_is_stored_in_one_record(tmp_path: Path) -> None:
+    path = tmp_path / "b.sqlite3"
+    broker = make_broker(SqliteStore(path), max_queued_groups=5_000)
+    assert broker.ingest([make_group(1, marker=m) for m in range(2_000)]).accepted == 2_000
+    crash(broker.store)  # type: ignore[arg-type]
+    reopened = make_broker(SqliteStore(path), max_queued_groups=5_000)
+    assert reopened.status().queue_size == 2_000
+    reopened.store.close()
+
+
+def test_a_failed_write_leaves_no_torn_record_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SegmentLog(tmp_path / "segments")
+    first = log.append({"op": "state", "n": 1}, [b"a" * 100])
+    real_writev = os.writev
+    calls = 0
+
+    def disk_full_on_second_call(fd: int, buffers: list[bytes]) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(28, "No space left on device")
+        return real_writev(fd, buffers[:1])  # short writes: one buffer at a time
+
+    monkeypatch.setattr(os, "writev", disk_full_on_second_call)
+    with pytest.raises(OSError, match="No space"):
+        log.append({"op": "state", "n": 2}, [b"b" * 100, b"c" * 100])
+    monkeypatch.setattr(os, "writev", real_writev)
+    third = log.append({"op": "state", "n": 3}, [b"d" * 100])
+    replayed = list(log.replay(LogPosition(log.active_segment, 0)))
+    assert [r.header["n"] for r in replayed] == [1, 3]
+    assert log.read(first[0]) == b"a" * 100 and log.read(third[0]) == b"d" * 100
+    log.close()

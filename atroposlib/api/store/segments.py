@@ -13,11 +13,13 @@ told yet and recognise a record torn by a crash.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import struct
 import threading
 import zlib
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 SEGMENT_BYTES = 16 * 1024 * 1024
 """A segment is closed and a new one started once it holds this many bytes."""
 _OPEN_READERS = 64
+_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))  # buffers per writev (1024 on Linux)
 _FRAME = struct.Struct("<II")
 _SUFFIX = ".seg"
 
@@ -106,11 +109,29 @@ class SegmentLog:
             offset += len(payload)
         with self._sync_lock:
             self._unsynced.add(self._active)
-        written = os.writev(self._writer, [frame, head, *payloads])
-        self._end += written
-        if self._end != offset:  # a short write (disk full): later records must not follow it
-            raise OSError(f"short write to {self._path(self._active)}: {written} bytes")
+        self._write_all([frame, head, *payloads])
         return locations
+
+    def _write_all(self, buffers: list[bytes]) -> None:
+        """``writev`` in calls of at most IOV_MAX buffers, resuming after short writes; on an
+        error (disk full) the file is cut back to where the record began, so that later records
+        never follow a torn one."""
+        start = self._end
+        pending: deque[bytes | memoryview] = deque(buffers)
+        try:
+            while pending:
+                written = os.writev(self._writer, list(itertools.islice(pending, _IOV_MAX)))
+                if written == 0:
+                    raise OSError(f"no progress writing {self._path(self._active)}")
+                self._end += written
+                while pending and written >= len(pending[0]):
+                    written -= len(pending.popleft())
+                if written:
+                    pending[0] = memoryview(pending[0])[written:]
+        except OSError:
+            os.ftruncate(self._writer, start)
+            self._end = start
+            raise
 
     def _rotate(self) -> None:
         with self._sync_lock:
