@@ -393,6 +393,7 @@ class Broker:
                 continue
             fresh.append((group, blob))
         self._check_room(len(fresh), sum(len(blob) for _, blob in fresh))
+        saved_key, saved_counters = self._state["next_key"], dict(self._state["counters"])
         new: list[NewGroup] = []
         for group, blob in fresh:
             key = int(self._state["next_key"])
@@ -407,7 +408,16 @@ class Broker:
         self._count("duplicates", duplicates)
         self._count("dropped_too_long", dropped)
         if new or duplicates or dropped:
-            self.store.add_groups(new, self._state)
+            try:
+                self.store.add_groups(new, self._state)
+            except OSError as err:  # e.g. a full disk: nothing was stored, the sender retries
+                self._state["next_key"], self._state["counters"] = saved_key, saved_counters
+                logger.error("could not store %d group(s): %s", len(new), err)
+                raise QueueFullError(
+                    f"the broker cannot store groups right now ({err.strerror or err}); "
+                    "retry later (its store's disk may be full)",
+                    self.settings.retry_after_seconds,
+                ) from err
         for stored in new:
             self._enqueue(stored.meta)
             self._remember(stored.blob)

@@ -13,7 +13,7 @@ from broker_testlib import env_body, make_group, markers, trainer_body
 from atroposlib.api.broker import Broker
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, MemoryStore, SqliteStore
-from atroposlib.errors import ConfigError
+from atroposlib.errors import ConfigError, QueueFullError
 from atroposlib.protocol import EnvRegistration, TrainerRegistration
 
 
@@ -216,3 +216,24 @@ def test_a_store_written_with_batch_step_columns_still_loads(tmp_path: Path) -> 
     reopened = make_broker(SqliteStore(path))
     assert reopened.status().queue_size == 1  # the batched group is not queued again
     reopened.store.close()
+
+
+def test_a_store_that_cannot_write_answers_retry_later_and_changes_nothing(
+    store: GroupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make_broker(store, retry_after_seconds=7)
+    broker.ingest([make_group(2, marker=10)])
+    counters, status = broker.counters, broker.status()
+
+    def disk_full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "add_groups", disk_full)
+    with pytest.raises(QueueFullError, match="No space left on device") as refused:
+        broker.ingest([make_group(2, marker=20)])
+    assert refused.value.retry_after == 7
+    assert broker.counters == counters and broker.status() == status
+    monkeypatch.undo()
+    broker.ingest([make_group(2, marker=30)])
+    broker.register_trainer(trainer(batch_size=4, acknowledges=True))
+    assert batch_markers(broker) == (1, [10, 11, 30, 31])
