@@ -64,6 +64,10 @@ class QueueFullError(AtroposError):
         self.retry_after = retry_after
 
 
+class StoreWriteError(QueueFullError):
+    """The broker's store could not write (e.g. a full disk); nothing changed, retry later."""
+
+
 class RequestBodyError(AtroposError):
     """A request body cannot be read: too large (413), bad gzip or bad encoding (400)."""
 

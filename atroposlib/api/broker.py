@@ -23,6 +23,7 @@ from atroposlib.api.validation import CheckedGroup, check_group
 from atroposlib.errors import (
     InvalidGroupError,
     QueueFullError,
+    StoreWriteError,
     TrainerNotRegisteredError,
 )
 from atroposlib.protocol import (
@@ -270,25 +271,44 @@ class Broker:
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
         refs = list(self._refs.values())  # arrival order: dicts keep insertion order
+        fair_before = self._fair.to_dict()
         keys = form_batch(refs, trainer.batch_size, self._envs.shares(), self._fair)
         if keys is None:
             return None
         step = self.current_step + 1
-        self._state["current_step"] = step
-        self._state["fair_share"] = self._fair.to_dict()
+        counters = Counter(self._state["counters"])
+        counters.update(groups_out=len(keys), sequences_out=trainer.batch_size)
+        state = {
+            **self._state, "current_step": step, "fair_share": self._fair.to_dict(),
+            "counters": dict(counters),
+        }  # fmt: skip
+        batch = BatchRecord(step, tuple(keys), delivered=True)
+        try:
+            self.store.save_batch(batch, state)
+        except OSError as err:  # e.g. a full disk: the batch was not formed, its groups stay
+            self._fair = FairShareState.from_dict(fair_before)
+            raise self._store_failed("the batch", err) from err
+        self._state = state
         for key in keys:
             self._batched[key] = self._dequeue(key)
-        self._count("groups_out", len(keys))
-        self._count("sequences_out", trainer.batch_size)
-        batch = BatchRecord(step, tuple(keys), delivered=True)
         self._batches[step] = batch
-        self.store.save_batch(batch, self._state)
         groups = self._load_groups(batch.keys, packed)
         if not trainer.acknowledges:
             delivered = [s for s, b in self._batches.items() if b.delivered]
             excess = len(delivered) - self.settings.retain_delivered_batches
-            self._release(delivered[: max(0, excess)])
+            try:
+                self._release(delivered[: max(0, excess)])
+            except OSError as err:  # kept on disk: re-delivered after a restart, never lost
+                logger.warning("could not release old batches: %s", err)
         return step, groups
+
+    def _store_failed(self, what: str, err: OSError) -> StoreWriteError:
+        logger.error("could not store %s: %s", what, err)
+        return StoreWriteError(
+            f"the broker cannot store {what} right now ({err.strerror or err}); retry later "
+            "(its store's disk may be full)",
+            self.settings.retry_after_seconds,
+        )
 
     def _load_groups(self, keys: Sequence[int], packed: bool) -> list[dict[str, Any]]:
         return [decode_group(blob, packed=packed) for blob in self.store.payloads(keys)]
@@ -412,12 +432,7 @@ class Broker:
                 self.store.add_groups(new, self._state)
             except OSError as err:  # e.g. a full disk: nothing was stored, the sender retries
                 self._state["next_key"], self._state["counters"] = saved_key, saved_counters
-                logger.error("could not store %d group(s): %s", len(new), err)
-                raise QueueFullError(
-                    f"the broker cannot store groups right now ({err.strerror or err}); "
-                    "retry later (its store's disk may be full)",
-                    self.settings.retry_after_seconds,
-                ) from err
+                raise self._store_failed(f"{len(new)} group(s)", err) from err
         for stored in new:
             self._enqueue(stored.meta)
             self._remember(stored.blob)

@@ -237,3 +237,23 @@ def test_a_store_that_cannot_write_answers_retry_later_and_changes_nothing(
     broker.ingest([make_group(2, marker=30)])
     broker.register_trainer(trainer(batch_size=4, acknowledges=True))
     assert batch_markers(broker) == (1, [10, 11, 30, 31])
+
+
+def test_a_batch_the_store_cannot_record_is_not_formed(
+    store: GroupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=2, acknowledges=True))
+    broker.ingest([make_group(2, marker=m, env_id=None) for m in (10, 20)])
+    counters, status = broker.counters, broker.status()
+
+    def disk_full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "save_batch", disk_full)
+    with pytest.raises(QueueFullError, match="cannot store the batch"):
+        broker.next_batch()
+    assert broker.counters == counters and broker.status() == status
+    monkeypatch.undo()
+    assert batch_markers(broker) == (1, [10, 11])  # the same groups, in order, step 1
+    assert batch_markers(broker) == (2, [20, 21])
