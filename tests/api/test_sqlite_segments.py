@@ -18,9 +18,9 @@ import pytest
 from broker_testlib import make_group, markers
 from test_broker import batch_markers, make_broker, trainer
 
-from atroposlib.api.broker import Broker
 from atroposlib.api.store import SqliteStore, open_store
 from atroposlib.api.store import sqlite as sqlite_module
+from atroposlib.api.store.base import BatchRecord, GroupMeta, NewGroup
 from atroposlib.api.store.blob import encode_group
 from atroposlib.api.store.seen import RecentIdFilter
 from atroposlib.api.store.segments import LogPosition, SegmentLog
@@ -199,7 +199,7 @@ def test_a_store_that_kept_payloads_inside_sqlite_still_serves_them(tmp_path: Pa
 def test_the_background_thread_checkpoints_the_wal(tmp_path: Path) -> None:
     path = tmp_path / "b.sqlite3"
     store = SqliteStore(path, sync_interval=0.05)
-    broker = Broker(store, make_broker.__globals__["BrokerSettings"](store="memory"))
+    broker = make_broker(store)
     long_ids = [f"{n:0>200}" for n in range(12_000)]  # ~2.4 MB of group ids to apply
     for group_id in long_ids:
         broker.ingest([make_group(1, group_id=group_id)])
@@ -329,3 +329,33 @@ def test_a_failed_write_leaves_no_torn_record_behind(
     assert [r.header["n"] for r in replayed] == [1, 3]
     assert log.read(first[0]) == b"a" * 100 and log.read(third[0]) == b"d" * 100
     log.close()
+
+
+def test_replaying_a_release_never_deletes_a_segment_that_older_groups_still_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group 1 is applied to SQLite; group 2, in the same segment, is added and released only in
+    the log. Replaying the release empties the segment of what the replay knows: the older group
+    must keep it."""
+    monkeypatch.setattr(sqlite_module, "APPLY_EVERY", 3)
+    path = tmp_path / "b.sqlite3"
+    store = SqliteStore(path, segment_bytes=1_000)
+    blob = bytes(range(256)) * 2
+
+    def group(key: int) -> NewGroup:
+        return NewGroup(GroupMeta(key, None, 1, 1, 1, len(blob)), blob)
+
+    store.add_groups([group(1)], {"next_key": 2})
+    store.save_state({"next_key": 2})
+    store.save_state({"next_key": 2})  # the 3rd change: group 1 is applied
+    store.add_groups([group(2)], {"next_key": 3})  # same segment, only in the log
+    store.release_batches([BatchRecord(1, (2,))], {"next_key": 3})  # starts segment 2
+    assert len(segment_files(path)) == 2
+    crash(store)
+
+    reopened = SqliteStore(path, segment_bytes=1_000)
+    snapshot = reopened.load()
+    assert [meta.key for meta in snapshot.queued] == [1]
+    assert snapshot.corrupt == set()
+    assert reopened.payloads([1]) == [blob]
+    reopened.close()

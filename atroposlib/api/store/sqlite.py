@@ -277,11 +277,17 @@ class SqliteStore(GroupStore):
 
     # -- start -------------------------------------------------------------------------
 
-    def load(self) -> StoreSnapshot:
+    def _clear_index(self) -> None:
+        """Forget where payloads lie (and which ids were seen): rebuilt from SQLite by load()."""
         self._locations.clear()
         self._segment_keys.clear()
         self._live_bytes.clear()
+        self._maybe_empty.clear()
+        self._recent_ids.clear()
+
+    def load(self) -> StoreSnapshot:
         self._replay_log()
+        self._clear_index()
         snapshot = StoreSnapshot()
         row = self._db.execute("SELECT body FROM state WHERE id = 0").fetchone()
         if row is not None:
@@ -291,10 +297,6 @@ class SqliteStore(GroupStore):
         ):
             snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
         in_batches = {key for batch in snapshot.batches for key in batch.keys}
-        self._locations.clear()
-        self._segment_keys.clear()
-        self._live_bytes.clear()
-        self._recent_ids.clear()
         for (group_id,) in self._db.execute("SELECT group_id FROM group_ids ORDER BY seq"):
             self._recent_ids.add(group_id)
         query = (
@@ -341,7 +343,10 @@ class SqliteStore(GroupStore):
             replayed += 1
         if replayed:
             logger.info("replayed %d change(s) from the segment log", replayed)
-            self._apply()
+            # The index knows only the replayed groups until load() reads SQLite: a segment it
+            # thinks empty may still hold older groups, so nothing is deleted or moved yet.
+            self._maybe_empty.clear()
+            self._apply(compact=False)
 
     # -- the store interface -----------------------------------------------------------
 
@@ -420,11 +425,7 @@ class SqliteStore(GroupStore):
         self._pending_state = None
         self._pending_records = 0
         self._log.delete_all()
-        self._locations.clear()
-        self._segment_keys.clear()
-        self._live_bytes.clear()
-        self._maybe_empty.clear()
-        self._recent_ids.clear()
+        self._clear_index()
         self._db.execute("BEGIN IMMEDIATE")
         for table in ("groups", "batches", "group_ids", "state", "log_position"):
             self._db.execute(f"DELETE FROM {table}")
