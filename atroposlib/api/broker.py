@@ -117,13 +117,14 @@ class Broker:
     def _discard_corrupt(self, snapshot: StoreSnapshot) -> None:
         """Forget groups whose stored payload is damaged, with every batch holding one."""
         broken = [b for b in snapshot.batches if not snapshot.corrupt.isdisjoint(b.keys)]
-        lost_keys = snapshot.corrupt | {key for batch in broken for key in batch.keys}
+        in_broken = {key for batch in broken for key in batch.keys}
+        lost_keys = snapshot.corrupt | in_broken
         snapshot.queued = [meta for meta in snapshot.queued if meta.key not in lost_keys]
         snapshot.batches = [b for b in snapshot.batches if b not in broken]
         for key in lost_keys:
             snapshot.batched.pop(key, None)
         self._count("dropped_corrupt", len(lost_keys))
-        queued_corrupt = snapshot.corrupt - {key for batch in broken for key in batch.keys}
+        queued_corrupt = snapshot.corrupt - in_broken
         if broken:
             self.store.release_batches(broken, self._state)
         if queued_corrupt:

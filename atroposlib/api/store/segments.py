@@ -239,7 +239,7 @@ def _parse(data: bytes, segment: int, offset: int) -> ReplayedRecord | None:
     position = head_start + head_length
     payloads = []
     for length, crc in zip(header.get("lengths", ()), header.get("crcs", ()), strict=True):
-        if zlib.crc32(data[position : position + length]) != crc:
+        if payload_crc(data[position : position + length]) != crc:
             return None
         payloads.append(PayloadLocation(segment, position, length))
         position += length
