@@ -17,6 +17,7 @@ of each group it pulls, so the arrays (numpy there) are never copied into Python
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -196,7 +197,7 @@ class ScoredData(GroupMeta):
         return self
 
     @classmethod
-    def from_atropos(cls, group: ScoredData | dict[str, Any]) -> ScoredData:
+    def from_atropos(cls, group: ScoredData | Mapping[str, Any]) -> ScoredData:
         """A group from an env: ours as it is, an Atropos-style dict validated once."""
         return group if isinstance(group, ScoredData) else cls.model_validate(group)
 

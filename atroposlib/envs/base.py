@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from atroposlib.envs import checkpointing
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
 from atroposlib.envs.evaluation import write_eval_results
@@ -23,6 +25,7 @@ from atroposlib.envs.groups import (
     ScoredDataItem,
     group_from_items,
     group_rejection_reason,
+    invalid_group_reason,
 )
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -33,6 +36,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
+from atroposlib.group import ScoredData
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import Item
 
@@ -40,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BaseEnv", "BaseEnvConfig", "EvalHandlingEnum", "ScoredDataGroup", "ScoredDataItem"]
 
-Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None
+Group = ScoredData | ScoredDataGroup
+Trajectories = Group | Sequence[Group | None] | None
 
 
 class BaseEnv(ABC):
@@ -167,9 +172,11 @@ class BaseEnv(ABC):
         self.stats.completion_lengths = value
 
     async def add_rollouts_for_wandb(
-        self, scored_data: ScoredDataGroup | dict[str, Any], item: Item = None
+        self, scored_data: Group | dict[str, Any], item: Item = None
     ) -> None:
         """Keep rollouts for the wandb table (token ids are decoded only when logged)."""
+        if isinstance(scored_data, ScoredData):
+            scored_data = scored_data.wire()
         keep = self.config.num_rollouts_per_group_for_logging
         keep = len(scored_data["tokens"]) if keep == -1 else keep
         pairs = zip(scored_data["tokens"][:keep], scored_data["scores"][:keep], strict=True)
@@ -313,14 +320,24 @@ class BaseEnv(ABC):
     def accept_groups(
         self, trajectories: Trajectories, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
-        """Validate groups; each rejection is logged with its reason and counted."""
+        """Validate groups (an Atropos dict becomes ``ScoredData`` here, once) and return their
+        wire form; each rejection is logged with its reason and counted."""
         if trajectories is None:
             return []
-        candidates = [trajectories] if isinstance(trajectories, dict) else list(trajectories)
+        candidates: list[Any] = (
+            [trajectories] if isinstance(trajectories, dict | ScoredData) else list(trajectories)
+        )
         limit = self.max_token_len if max_token_len is None else max_token_len
         accepted: list[dict[str, Any]] = []
-        for group in candidates:
-            if group is None:
+        for candidate in candidates:
+            if candidate is None:
+                continue
+            try:
+                group = ScoredData.from_atropos(candidate)
+            except ValidationError as exc:
+                reason = invalid_group_reason(exc)
+                logger.warning("group not sent: %s", reason)
+                self.perf.rejected[reason.split(":")[0][:40]] += 1
                 continue
             reason = group_rejection_reason(
                 group,
@@ -332,7 +349,7 @@ class BaseEnv(ABC):
                 logger.warning("group not sent: %s", reason)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
                 continue
-            payload: dict[str, Any] = dict(group)
+            payload = group.wire()
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
                 payload["messages"] = [
                     [{"role": "assistant", "content": self._tokenizer.decode(seq)}]

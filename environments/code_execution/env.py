@@ -14,12 +14,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.code_rewards import execution_reward, extract_python_code
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_python
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group, sample_replies
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = "You write Python. Reply with one ```python code block and nothing else."
@@ -75,7 +76,11 @@ class CodeExecutionEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         self.rows = load_rows(self.config)
@@ -94,25 +99,23 @@ class CodeExecutionEnv(BaseEnv):
             return await arun_python(code, tests=row["test_list"], limits=self.config.sandbox)
         return await arun_python(code, limits=self.config.sandbox)
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         chat = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_prompt(item)},
         ]
-        replies = await sample_replies(
+        sampler = TokenSampler(
             self.server,
-            chat,
-            n=self.config.group_size,
+            self.tokenizer,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
         )
-        results = await asyncio.gather(*(self.run_code(reply, item) for reply in replies.texts))
-        group = chat_group(
-            self.tokenizer,
-            replies.chats(),
+        replies = await sampler.sample(sampler.start(chat), n=self.config.group_size)
+        results = await asyncio.gather(*(self.run_code(r.reply, item) for r in replies))
+        group = sampler.group(
+            replies,
             [score_run(result, self.config.mode) for result in results],
-            finish_reasons=replies.finish_reasons,
-            overrides=[{"sandbox_status": result.status.value} for result in results],
+            extra=[{"sandbox_status": result.status.value} for result in results],
         )
         return group, []
 

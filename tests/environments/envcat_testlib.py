@@ -54,9 +54,9 @@ class ScriptedServer:
         script.write_text(json.dumps(rules))
         self.log = (tmp / f"scripted-{self.port}.log").open("wb")
         args = [sys.executable, str(HERE / "scripted_openai.py"), "--port", str(self.port),
-                "--script", str(script)]  # fmt: skip
+                "--script", str(script), "--tokenizer", tokenizer_path()]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 httpx.get(self.url + "/v1/models", timeout=1).raise_for_status()
@@ -72,6 +72,10 @@ class ScriptedServer:
 
     def requests(self) -> list[dict[str, Any]]:
         return httpx.get(self.url + "/requests").json()  # type: ignore[no-any-return]
+
+    def sampled(self) -> list[dict[str, Any]]:
+        """Every sequence served token-in/token-out: ``{"prompt_ids", "output_ids"}``."""
+        return httpx.get(self.url + "/sampled").json()  # type: ignore[no-any-return]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -97,12 +101,16 @@ def run_env(
 def process_groups(
     name: str, server: ScriptedServer, tmp: Path, *flags: str, steps: int = 2
 ) -> list[dict[str, Any]]:
-    """Run ``process`` for ``steps`` groups and return the groups it wrote."""
+    """Run ``process`` for ``steps`` groups and return the groups it wrote; every sampled
+    group is checked to be token-exact against what the server sampled."""
     out = tmp / f"{name}.jsonl"
     done = run_env(name, "process", server, tmp, f"--env.total_steps={steps}",
                    f"--env.data_path_to_save_groups={out}", *flags)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    sampled = [g for g in groups if not (g.get("group_overrides") or {}).get("sft")]
+    assert_token_exact_groups(sampled, server.sampled())
+    return groups
 
 
 def load_env_module(name: str) -> Any:
@@ -184,3 +192,68 @@ def serve_env(
     ]  # fmt: skip
     log = (tmp / f"serve-{name}.log").open("wb")
     return subprocess.Popen(args, cwd=tmp, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def chatml_messages(text: str) -> list[dict[str, str]]:
+    """The messages of a decoded ChatML prompt (SmolLM2's template), last one possibly open."""
+    messages = []
+    for part in text.split("<|im_start|>")[1:]:
+        role, _, content = part.partition("\n")
+        messages.append({"role": role, "content": content.split("<|im_end|>")[0]})
+    return messages
+
+
+class TokenFake:
+    """In-process stand-in for ``self.server`` on the token path: ``choose(messages, i)`` picks
+    each reply from the chat decoded out of the prompt ids; it records every sampled sequence."""
+
+    returns_token_ids = True
+
+    def __init__(self, choose: Any, tokenizer: Any) -> None:
+        self.choose, self.tokenizer = choose, tokenizer
+        self.calls = 0
+        self.sampled: list[tuple[list[int], list[int]]] = []
+
+    async def generate(self, input_ids: list[int], n: int, sampling: dict[str, Any]) -> list[Any]:
+        from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+
+        self.calls += 1
+        chat = chatml_messages(self.tokenizer.decode(input_ids))
+        out = []
+        for i in range(n):
+            text = self.choose(chat, i)
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), 2]
+            self.sampled.append((list(input_ids), ids))
+            out.append(GeneratedSequence(ids, [-0.5] * len(ids), "stop", text, 0))
+        return out
+
+
+def trained_spans(tokens: list[int], masks: list[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of trained positions (mask != -100)."""
+    spans, start = [], None
+    for index, mask in enumerate([*masks, -100]):
+        if mask != -100 and start is None:
+            start = index
+        elif mask == -100 and start is not None:
+            spans.append((start, index))
+            start = None
+    return spans
+
+
+def assert_token_exact_groups(
+    groups: list[dict[str, Any]], sampled: list[dict[str, Any]]
+) -> None:
+    """Every trained span of every sequence is an output the server sampled, right after the
+    exact prompt ids of that request; masks cover exactly those ids; logprobs are aligned."""
+    served = {(tuple(s["prompt_ids"]), tuple(s["output_ids"])) for s in sampled}
+    for group in groups:
+        for index, (tokens, masks) in enumerate(zip(group["tokens"], group["masks"], strict=True)):
+            spans = trained_spans(tokens, masks)
+            for start, end in spans:
+                assert masks[start:end] == tokens[start:end]
+                key = (tuple(tokens[:start]), tuple(tokens[start:end]))
+                assert key in served, f"sequence {index}: trained ids were not sampled from there"
+            logprobs = (group.get("inference_logprobs") or [None] * len(tokens))[index]
+            assert logprobs is not None and len(logprobs) == len(tokens)
+            trained = {i for start, end in spans for i in range(start, end)}
+            assert all(logprobs[i] == 1.0 for i in range(len(tokens)) if i not in trained)
