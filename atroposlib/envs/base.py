@@ -335,9 +335,9 @@ class BaseEnv(ABC):
             try:
                 group = ScoredData.from_atropos(candidate)
             except ValidationError as exc:
-                reason = invalid_group_reason(exc)
-                logger.warning("group not sent: %s", reason)
-                self.perf.rejected[reason.split(":")[0][:40]] += 1
+                invalid = invalid_group_reason(exc)
+                logger.warning("group not sent: %s", invalid)
+                self.perf.rejected[invalid.split(":")[0][:40]] += 1
                 continue
             reason = group_rejection_reason(
                 group,

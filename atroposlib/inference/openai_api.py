@@ -64,6 +64,7 @@ async def completions(body: CompletionRequest, request: Request) -> CompletionRe
     limits = [budget(state.runner, len(ids), body.max_tokens, "max_tokens") for ids in prompts]
     params = _params(body, top_logprobs=body.logprobs or 0)
     done = await state.scheduler.generate(sequences(prompts, body.n, params, limits))
+    state.sample_log.record(done)
     choices = [
         CompletionChoice(
             index=i,
@@ -95,6 +96,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Cha
     limit = budget(state.runner, len(prompt), max_new, field)
     params = _params(body, top_logprobs=body.top_logprobs or 0)
     done = await state.scheduler.generate(sequences([prompt], body.n, params, [limit]))
+    state.sample_log.record(done)
     choices = [
         ChatChoice(
             index=i,

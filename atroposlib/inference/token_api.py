@@ -49,6 +49,7 @@ async def generate(
         top_logprobs=body.top_logprobs_num if body.return_logprob else 0,
     )
     done = await state.scheduler.generate(sequences(prompts, sp.n, params, limits))
+    state.sample_log.record(done)
     answers = [_answer(seq, body.return_logprob) for seq in done]
     return answers[0] if single and sp.n == 1 else answers
 

@@ -240,9 +240,7 @@ def trained_spans(tokens: list[int], masks: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def assert_token_exact_groups(
-    groups: list[dict[str, Any]], sampled: list[dict[str, Any]]
-) -> None:
+def assert_token_exact_groups(groups: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:
     """Every trained span of every sequence is an output the server sampled, right after the
     exact prompt ids of that request; masks cover exactly those ids; logprobs are aligned."""
     served = {(tuple(s["prompt_ids"]), tuple(s["output_ids"])) for s in sampled}

@@ -1,0 +1,202 @@
+"""Truth checks: every shipped env trains on exactly what the embedded server sampled.
+
+The real small model serves with ``--sample-log`` (every sampled sequence: prompt ids, output
+ids, logprobs). Each env rolls out one item in process against it; then, per sequence:
+
+- each trained span is an output the server sampled, right after that request's exact prompt
+  ids, and the sequence is the last request's prompt + its output: nothing re-tokenized,
+  nothing added after; masks cover exactly the sampled ids;
+- ``inference_logprobs`` are the server's logprobs of those ids (1.0 elsewhere);
+- the trainer's own logprobs at the same weights (its packed forward, CPU fp32) match them:
+  the importance ratio of TIS / mask corrections is 1 at step 0.
+
+The max |logprob delta| per env is printed (``-s``) and written to ``$ATROPOS_TRUTH_REPORT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from envcat_testlib import child_env, load_env_module, trained_spans
+
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.inference.sample_log import read_sample_log
+from example_trainer.config import LossConfig, load_config
+from example_trainer.data import batch_to_samples, batch_totals
+from example_trainer.loss import LossInputs, grpo_loss
+from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
+from inference_helpers import SERVED_NAME, RunningServer, start_server, stop_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+ENVS: dict[str, dict[str, Any]] = {
+    "gsm8k": {"data_path": "fixture.jsonl"},
+    "math": {"data_path": "fixture.jsonl"},
+    "reasoning_gym": {},
+    "letter_counting": {},
+    "tool_calling": {},
+    "tictactoe": {},
+    "blackjack": {},
+    "code_execution": {},
+    "code_eval": {},
+    "code_game": {"predictor_samples": 2},
+    "rlaif": {"judge_max_tokens": 8},
+}
+MAX_TOKENS = 12
+DELTAS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def smol(
+    test_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningServer, Path]]:
+    folder = tmp_path_factory.mktemp("truth")
+    log = folder / "sampled.jsonl"
+    server = start_server(
+        test_model_path, child_env(), folder / "server.log", "--threads", "1", "--sample-log",
+        str(log),
+    )  # fmt: skip
+    yield server, log
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def trainer_model(test_model_path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(test_model_path), dtype=torch.float32)
+    return model.eval()
+
+
+async def roll_out(name: str, server: RunningServer, overrides: dict[str, Any]) -> Any:
+    """One item of env ``name`` against ``server``: (env, accepted wire groups)."""
+    module = load_env_module(name)
+    env_cls = next(
+        c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", "") == name
+    )
+    config, _ = env_cls.config_init()
+    settings = {
+        "tokenizer_name": str(server.model_path), "group_size": 2, "use_wandb": False,
+        "ensure_scores_are_not_same": False, "max_completion_tokens": MAX_TOKENS, **overrides,
+    }  # fmt: skip
+    if settings.get("data_path"):
+        settings["data_path"] = str(Path(module.__file__).parent / settings["data_path"])
+    config = config.model_copy(
+        update={k: v for k, v in settings.items() if k in type(config).model_fields}
+    )
+    openai = APIServerConfig(base_url=f"{server.url}/v1", model_name=SERVED_NAME,
+                             server_type="embedded", api_key="x")  # fmt: skip
+    env = env_cls(config, [openai], slurm=False)
+    try:
+        await env.setup()
+        item = await env.get_next_item()
+        while name == "tool_calling" and len(item["turns"]) < 2:  # a multi-turn episode
+            item = await env.get_next_item()
+        return await env.run_item(item)
+    finally:
+        await env.server.close()
+
+
+def assert_exactly_what_was_sampled(groups: list[dict[str, Any]], log: Path) -> int:
+    """The checks of the module docstring; returns how many sampled spans were checked."""
+    served = {
+        (tuple(r["prompt_ids"]), tuple(r["output_ids"])): r["logprobs"]
+        for r in read_sample_log(log)
+    }
+    checked = 0
+    for group in groups:
+        for i, (tokens, masks) in enumerate(zip(group["tokens"], group["masks"], strict=True)):
+            logprobs = group["inference_logprobs"][i]
+            spans = trained_spans(tokens, masks)
+            for start, end in spans:
+                key = (tuple(tokens[:start]), tuple(tokens[start:end]))
+                assert key in served, f"sequence {i}: ids at {start}:{end} were not sampled there"
+                assert logprobs[start:end] == served[key]
+                checked += 1
+            if spans:
+                assert end == len(tokens), "nothing follows the last sampled reply"
+            trained = {p for start, end in spans for p in range(start, end)}
+            assert all(masks[p] == -100 and logprobs[p] == 1.0 for p in range(len(tokens))
+                       if p not in trained)  # fmt: skip
+    return checked
+
+
+def trainer_deltas(groups: list[dict[str, Any]], model: Any) -> tuple[float, dict[str, float]]:
+    """Max |trainer - inference| logprob over trained tokens, and the loss's IS metrics."""
+    cfg = load_config(["--model", "unused", "--batch_size", "64", "--max_token_len", "4096",
+                       "--micro_batch_tokens", "8192"])  # fmt: skip
+    loss_cfg = LossConfig(
+        behavior_logprobs="inference", is_correction="tis", mask_zero_variance_groups=False
+    )
+    samples, _, _ = batch_to_samples(groups, loss_cfg)
+    samples = [s for s in samples if s.trained_tokens > 0]
+    totals = batch_totals(samples)
+    plan, _ = micro_batch_plan(cfg, [len(s.tokens) for s in samples])
+    worst, sums = 0.0, {"is_weight": 0.0, "rl_tokens": 0.0, "mismatch_kl": 0.0}
+    with torch.no_grad():
+        for planned in plan:
+            mb = micro_batch(cfg, samples, planned)
+            logp, entropy = model_logprobs(model, mb)
+            trained = mb.mask > 0
+            worst = max(worst, float((logp - mb.inference_logprobs)[trained].abs().max()))
+            x = LossInputs(logp=logp, entropy=entropy, mask=mb.mask, advantages=mb.advantages,
+                           sft=mb.sft, inference_logp=mb.inference_logprobs,
+                           has_inference=mb.has_inference)  # fmt: skip
+            _, metrics = grpo_loss(x, loss_cfg, totals, 1)
+            for key in sums:
+                sums[key] += float(metrics[key])
+    return worst, sums
+
+
+@pytest.mark.parametrize("name", list(ENVS))
+async def test_env_trains_exactly_what_the_server_sampled(
+    name: str, smol: tuple[RunningServer, Path], trainer_model: Any
+) -> None:
+    server, log = smol
+    groups = await roll_out(name, server, ENVS[name])
+    assert groups, f"{name} produced no group"
+    assert assert_exactly_what_was_sampled(groups, log) >= 1
+    for group in groups:
+        assert group["generation_params"]["temperature"] > 0
+        assert len(group["finish_reasons"]) == len(group["tokens"])
+        assert group["policy_versions"] == [0] * len(group["tokens"]) or name == "tictactoe"
+    worst, metrics = trainer_deltas(groups, trainer_model)
+    DELTAS[name] = worst
+    is_weight = metrics["is_weight"] / metrics["rl_tokens"]
+    print(f"\n{name}: max |trainer - inference logprob| = {worst:.2e}, "
+          f"mean IS ratio = {is_weight:.7f} over {int(metrics['rl_tokens'])} tokens")  # fmt: skip
+    report = os.environ.get("ATROPOS_TRUTH_REPORT")
+    if report:
+        with open(report, "a") as handle:
+            handle.write(json.dumps({"env": name, "max_abs_delta": worst, "is_ratio": is_weight,
+                                     "tokens": metrics["rl_tokens"]}) + "\n")  # fmt: skip
+    assert abs(is_weight - 1.0) <= 1e-4, "importance ratio at step 0 must be 1 +/- 1e-4"
+    assert worst < 1e-4, "each token's ratio must be 1 +/- 1e-4 too"
+
+
+async def test_sft_loader_trains_the_written_answer_and_samples_nothing(
+    smol: tuple[RunningServer, Path], tmp_path: Path
+) -> None:
+    server, log = smol
+    before = len(read_sample_log(log))
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"prompt": "2+2?", "completion": "4"}) + "\n")
+    [group] = await roll_out("sft_loader", server, {"data_path": str(data), "group_size": 1})
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(server.model_path))
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    whole = tokenizer.apply_chat_template(chat, tokenize=True)["input_ids"]
+    assert group["tokens"] == [list(whole)]
+    assert tokenizer.decode([t for t in group["masks"][0] if t != -100]).startswith("4")
+    assert "inference_logprobs" not in group and group["group_overrides"]["sft"] is True
+    assert len(read_sample_log(log)) == before
