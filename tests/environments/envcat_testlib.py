@@ -12,6 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
+
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from example_trainer.config import LossConfig, load_config
+from example_trainer.data import batch_to_samples, batch_totals
+from example_trainer.loss import LossInputs, grpo_loss
+from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -255,3 +262,72 @@ def assert_token_exact_groups(groups: list[dict[str, Any]], sampled: list[dict[s
             assert logprobs is not None and len(logprobs) == len(tokens)
             trained = {i for start, end in spans for i in range(start, end)}
             assert all(logprobs[i] == 1.0 for i in range(len(tokens)) if i not in trained)
+
+
+# ---- in-process rollouts and the trainer's view of them ----------------------------------
+
+MAX_TOKENS = 12
+
+
+async def roll_out(
+    name: str,
+    base_url: str,
+    model_name: str,
+    model_path: Path,
+    overrides: dict[str, Any],
+    server_type: str = "embedded",
+) -> list[dict[str, Any]]:
+    """One item of env ``name``, in process, against the server at ``base_url``: the groups
+    it would send (wire form), with a small group and short replies."""
+    module = load_env_module(name)
+    env_cls = next(
+        c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", "") == name
+    )
+    config, _ = env_cls.config_init()
+    settings = {
+        "tokenizer_name": str(model_path), "group_size": 2, "use_wandb": False,
+        "ensure_scores_are_not_same": False, "max_completion_tokens": MAX_TOKENS, **overrides,
+    }  # fmt: skip
+    if settings.get("data_path"):
+        settings["data_path"] = str(Path(module.__file__).parent / settings["data_path"])
+    config = config.model_copy(
+        update={k: v for k, v in settings.items() if k in type(config).model_fields}
+    )
+    openai = APIServerConfig(base_url=base_url, model_name=model_name, server_type=server_type,
+                             api_key="x")  # fmt: skip
+    env = env_cls(config, [openai], slurm=False)
+    try:
+        await env.setup()
+        item = await env.get_next_item()
+        while name == "tool_calling" and len(item["turns"]) < 2:  # a multi-turn episode
+            item = await env.get_next_item()
+        return await env.run_item(item)
+    finally:
+        await env.server.close()
+
+
+def trainer_deltas(groups: list[dict[str, Any]], model: Any) -> tuple[float, dict[str, float]]:
+    """Max |trainer - inference| logprob over trained tokens, and the loss's IS metrics."""
+    cfg = load_config(["--model", "unused", "--batch_size", "64", "--max_token_len", "4096",
+                       "--micro_batch_tokens", "8192"])  # fmt: skip
+    loss_cfg = LossConfig(
+        behavior_logprobs="inference", is_correction="tis", mask_zero_variance_groups=False
+    )
+    samples, _, _ = batch_to_samples(groups, loss_cfg)
+    samples = [s for s in samples if s.trained_tokens > 0]
+    totals = batch_totals(samples)
+    plan, _ = micro_batch_plan(cfg, [len(s.tokens) for s in samples])
+    worst, sums = 0.0, {"is_weight": 0.0, "rl_tokens": 0.0, "mismatch_kl": 0.0}
+    with torch.no_grad():
+        for planned in plan:
+            mb = micro_batch(cfg, samples, planned)
+            logp, entropy = model_logprobs(model, mb)
+            trained = mb.mask > 0
+            worst = max(worst, float((logp - mb.inference_logprobs)[trained].abs().max()))
+            x = LossInputs(logp=logp, entropy=entropy, mask=mb.mask, advantages=mb.advantages,
+                           sft=mb.sft, inference_logp=mb.inference_logprobs,
+                           has_inference=mb.has_inference)  # fmt: skip
+            _, metrics = grpo_loss(x, loss_cfg, totals, 1)
+            for key in sums:
+                sums[key] += float(metrics[key])
+    return worst, sums

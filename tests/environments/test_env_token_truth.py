@@ -24,14 +24,9 @@ from typing import Any
 
 import pytest
 import torch
-from envcat_testlib import child_env, load_env_module, trained_spans
+from envcat_testlib import child_env, roll_out, trained_spans, trainer_deltas
 
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.inference.sample_log import read_sample_log
-from example_trainer.config import LossConfig, load_config
-from example_trainer.data import batch_to_samples, batch_totals
-from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
 from inference_helpers import SERVED_NAME, RunningServer, start_server, stop_server
@@ -51,7 +46,6 @@ ENVS: dict[str, dict[str, Any]] = {
     "code_game": {"predictor_samples": 2},
     "rlaif": {"judge_max_tokens": 8},
 }
-MAX_TOKENS = 12
 DELTAS: dict[str, float] = {}
 
 
@@ -75,35 +69,6 @@ def trainer_model(test_model_path: Path) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(str(test_model_path), dtype=torch.float32)
     return model.eval()
-
-
-async def roll_out(name: str, server: RunningServer, overrides: dict[str, Any]) -> Any:
-    """One item of env ``name`` against ``server``: (env, accepted wire groups)."""
-    module = load_env_module(name)
-    env_cls = next(
-        c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", "") == name
-    )
-    config, _ = env_cls.config_init()
-    settings = {
-        "tokenizer_name": str(server.model_path), "group_size": 2, "use_wandb": False,
-        "ensure_scores_are_not_same": False, "max_completion_tokens": MAX_TOKENS, **overrides,
-    }  # fmt: skip
-    if settings.get("data_path"):
-        settings["data_path"] = str(Path(module.__file__).parent / settings["data_path"])
-    config = config.model_copy(
-        update={k: v for k, v in settings.items() if k in type(config).model_fields}
-    )
-    openai = APIServerConfig(base_url=f"{server.url}/v1", model_name=SERVED_NAME,
-                             server_type="embedded", api_key="x")  # fmt: skip
-    env = env_cls(config, [openai], slurm=False)
-    try:
-        await env.setup()
-        item = await env.get_next_item()
-        while name == "tool_calling" and len(item["turns"]) < 2:  # a multi-turn episode
-            item = await env.get_next_item()
-        return await env.run_item(item)
-    finally:
-        await env.server.close()
 
 
 def assert_exactly_what_was_sampled(groups: list[dict[str, Any]], log: Path) -> int:
@@ -130,39 +95,12 @@ def assert_exactly_what_was_sampled(groups: list[dict[str, Any]], log: Path) -> 
     return checked
 
 
-def trainer_deltas(groups: list[dict[str, Any]], model: Any) -> tuple[float, dict[str, float]]:
-    """Max |trainer - inference| logprob over trained tokens, and the loss's IS metrics."""
-    cfg = load_config(["--model", "unused", "--batch_size", "64", "--max_token_len", "4096",
-                       "--micro_batch_tokens", "8192"])  # fmt: skip
-    loss_cfg = LossConfig(
-        behavior_logprobs="inference", is_correction="tis", mask_zero_variance_groups=False
-    )
-    samples, _, _ = batch_to_samples(groups, loss_cfg)
-    samples = [s for s in samples if s.trained_tokens > 0]
-    totals = batch_totals(samples)
-    plan, _ = micro_batch_plan(cfg, [len(s.tokens) for s in samples])
-    worst, sums = 0.0, {"is_weight": 0.0, "rl_tokens": 0.0, "mismatch_kl": 0.0}
-    with torch.no_grad():
-        for planned in plan:
-            mb = micro_batch(cfg, samples, planned)
-            logp, entropy = model_logprobs(model, mb)
-            trained = mb.mask > 0
-            worst = max(worst, float((logp - mb.inference_logprobs)[trained].abs().max()))
-            x = LossInputs(logp=logp, entropy=entropy, mask=mb.mask, advantages=mb.advantages,
-                           sft=mb.sft, inference_logp=mb.inference_logprobs,
-                           has_inference=mb.has_inference)  # fmt: skip
-            _, metrics = grpo_loss(x, loss_cfg, totals, 1)
-            for key in sums:
-                sums[key] += float(metrics[key])
-    return worst, sums
-
-
 @pytest.mark.parametrize("name", list(ENVS))
 async def test_env_trains_exactly_what_the_server_sampled(
     name: str, smol: tuple[RunningServer, Path], trainer_model: Any
 ) -> None:
     server, log = smol
-    groups = await roll_out(name, server, ENVS[name])
+    groups = await roll_out(name, f"{server.url}/v1", SERVED_NAME, server.model_path, ENVS[name])
     assert groups, f"{name} produced no group"
     assert assert_exactly_what_was_sampled(groups, log) >= 1
     for group in groups:
@@ -190,7 +128,9 @@ async def test_sft_loader_trains_the_written_answer_and_samples_nothing(
     before = len(read_sample_log(log))
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"prompt": "2+2?", "completion": "4"}) + "\n")
-    [group] = await roll_out("sft_loader", server, {"data_path": str(data), "group_size": 1})
+    settings = {"data_path": str(data), "group_size": 1}
+    [group] = await roll_out("sft_loader", f"{server.url}/v1", SERVED_NAME, server.model_path,
+                             settings)  # fmt: skip
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(server.model_path))
