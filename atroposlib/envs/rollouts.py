@@ -89,10 +89,12 @@ class TokenSampler:
         ids = self.template.continuation_ids(trajectory.messages, messages, sampled_stop)
         return trajectory.with_context(ids, messages)
 
-    async def sample(
-        self, trajectory: Trajectory, n: int = 1, **sampling: Any
-    ) -> list[Trajectory]:
-        """``n`` continuations of ``trajectory``, each sent as its exact id prefix."""
+    async def sample(self, trajectory: Trajectory, n: int = 1, **sampling: Any) -> list[Trajectory]:
+        """``n`` continuations of ``trajectory``, each sent as its exact id prefix.
+
+        A trajectory whose last reply was aborted (an in-flight weight update, say) is
+        resubmitted as it is and the reply continues from its exact ids.
+        """
         params = {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
@@ -102,13 +104,14 @@ class TokenSampler:
         if not self.server.returns_token_ids:
             return await self._sample_text(trajectory, n, params)
         samples = await self.server.generate(list(trajectory.tokens), n, params)
+        before = trajectory.reply_ids if trajectory.finish_reason == "abort" else []
         return [
             trajectory.with_sample(
                 s.output_ids,
                 s.logprobs,
                 s.weight_version,
                 finish_reason(s.finish_reason),
-                self.template.text(s.output_ids),
+                self.template.text([*before, *s.output_ids]),
             )
             for s in samples
         ]

@@ -83,8 +83,11 @@ class Trajectory:
 
     ``masks`` holds the id where the engine sampled it and -100 elsewhere; ``logprobs`` the
     engine's logprob of each sampled id (1.0 elsewhere); ``versions`` the engine's weight
-    version for each sampled id (-1 elsewhere). ``messages`` is the chat as text, for logs.
-    ``exact`` is False when the ids were re-tokenized from text (a server without token ids).
+    version for each sampled id (-1 elsewhere), so a reply sampled across a weight update
+    carries both versions. ``messages`` is the chat as text, for logs. A reply the engine
+    aborted (``finish_reason == "abort"``) is continued, not followed, by the next sample: the
+    same turn grows from its exact ids. ``exact`` is False when the ids were re-tokenized from
+    text (a server without token ids).
     """
 
     tokens: list[int]
@@ -97,6 +100,7 @@ class Trajectory:
     turns: int = 0
     exact: bool = True
     prompt_length: int = field(default=0)
+    reply_start: int = field(default=0)
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int], messages: Sequence[Message]) -> Trajectory:
@@ -118,21 +122,32 @@ class Trajectory:
         reason: FinishReason,
         text: str,
     ) -> Trajectory:
-        """This trajectory followed by one sampled reply (``logprobs`` None: not exact)."""
+        """This trajectory followed by one sampled reply (``logprobs`` None: not exact).
+
+        After an aborted reply, ``ids`` continue it and ``text`` is the whole reply's text.
+        """
         ids = list(ids)
         sampled_version = NOT_SAMPLED_VERSION if version is None else version
+        resumed = self.finish_reason == "abort"
+        reply: Message = {"role": "assistant", "content": text}
         return replace(
             self,
             tokens=[*self.tokens, *ids],
             masks=[*self.masks, *ids],
             logprobs=[*self.logprobs, *(logprobs if logprobs is not None else [0.0] * len(ids))],
             versions=[*self.versions, *[sampled_version] * len(ids)],
-            messages=[*self.messages, {"role": "assistant", "content": text}],
+            messages=[*self.messages[:-1], reply] if resumed else [*self.messages, reply],
             finish_reason=reason,
             reply=text,
-            turns=self.turns + 1,
+            turns=self.turns if resumed else self.turns + 1,
             exact=self.exact and logprobs is not None,
+            reply_start=self.reply_start if resumed else len(self.tokens),
         )
+
+    @property
+    def reply_ids(self) -> list[int]:
+        """The ids of the last (or aborted, still open) reply."""
+        return self.tokens[self.reply_start :] if self.turns else []
 
     def with_context(self, ids: Sequence[int], messages: Sequence[Message]) -> Trajectory:
         """This trajectory followed by ids nobody sampled (env or tool messages)."""

@@ -1,9 +1,10 @@
 """A fake OpenAI-compatible inference server: ``python fake_openai.py --port N``.
 
 Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"`` (followed by
-``--reply-words`` times ``" word"``). ``/generate`` answers in the SGLang shape (as many ids). ``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500),
-``hang`` (never answers), ``garbage`` (200 with a body that is not a completion),
-``reject`` (404) or back to ``ok``; ``GET /control`` returns the mode and request counts.
+``--reply-words`` times ``" word"``). ``/generate`` answers in the SGLang shape (as many ids).
+``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500), ``hang`` (never answers),
+``garbage`` (200 with a body that is not a completion), ``reject`` (404) or back to ``ok``;
+``GET /control`` returns the mode and request counts.
 """
 
 from __future__ import annotations

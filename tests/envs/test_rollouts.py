@@ -223,3 +223,24 @@ def test_engines_that_continue_from_other_ids_are_errors() -> None:
     assert parse_vllm_choice(choice, [1, 2]).output_ids == [5]
     with pytest.raises(InferenceError, match="differ"):
         parse_vllm_choice(choice, [1, 3])
+
+
+async def test_an_aborted_reply_is_resubmitted_token_in_and_continued(tokenizer: Any) -> None:
+    """An engine aborts mid-reply (e.g. for a weight update): the partial ids are kept and the
+    next request continues the same turn from them; each id keeps the version that sampled it."""
+    head, tail = ids(tokenizer, "The answer"), [*ids(tokenizer, " is 4"), EOS]
+    engine = FakeEngine([(head, "abort")], version=3)
+    sampler = TokenSampler(engine, tokenizer, max_tokens=8)
+    [partial] = await sampler.sample(sampler.start(PROMPT))
+    assert partial.finish_reason == "abort" and partial.reply == "The answer"
+    engine.outputs, engine.version = [(tail, "stop")], 4
+    [done] = await sampler.sample(partial)
+    assert engine.prompts[1] == partial.tokens, "resubmitted token-in with the partial reply"
+    assert done.sampled_ids == head + tail and done.turns == 1
+    assert done.reply == "The answer is 4" and done.messages[-1]["content"] == "The answer is 4"
+    group = sampler.group([done], [1.0])
+    assert group.token_policy_versions is not None
+    assert group.token_policy_versions[0][-len(tail) - len(head) :] == [3] * len(head) + [4] * len(
+        tail
+    )
+    assert group.policy_versions == [3], "staleness counts from the oldest token"
