@@ -27,6 +27,7 @@ from atroposlib.envs.groups import (
     group_rejection_reason,
     invalid_group_reason,
 )
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -140,6 +141,23 @@ class BaseEnv(ABC):
     @tokenizer.setter
     def tokenizer(self, value: Any) -> None:
         self._tokenizer = value
+
+    def token_sampler(
+        self, *, max_tokens: int | None = None, temperature: float | None = None, **sampling: Any
+    ) -> TokenSampler:
+        """Token-in/token-out sampling on this env's servers (see ``atroposlib.envs.rollouts``).
+
+        Defaults: the config's ``max_completion_tokens`` and ``temperature`` (else 1.0).
+        """
+        if max_tokens is None:
+            max_tokens = getattr(self.config, "max_completion_tokens", None)
+        if max_tokens is None:
+            raise ValueError("pass max_tokens (the config has no max_completion_tokens)")
+        if temperature is None:
+            temperature = float(getattr(self.config, "temperature", 1.0))
+        return TokenSampler(
+            self.server, self.tokenizer, max_tokens=max_tokens, temperature=temperature, **sampling
+        )
 
     def derived_batch_size(self, status: EnvStatusResponse | None = None) -> int:
         """This env's share of a batch: the unallocated share plus its minimum allocation."""

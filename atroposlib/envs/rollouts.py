@@ -1,8 +1,9 @@
 """Token-in/token-out sampling for environments, and the scored group made from it.
 
-Every catalogue environment samples through :class:`TokenSampler`:
+Every catalogue environment samples through :class:`TokenSampler` (``BaseEnv.token_sampler()``
+makes one on the env's servers and tokenizer):
 
-    sampler = TokenSampler(self.server, self.tokenizer, max_tokens=256, temperature=1.0)
+    sampler = self.token_sampler(max_tokens=256, temperature=1.0)
     replies = await sampler.sample(sampler.start(prompt_messages), n=self.config.group_size)
     scores = my_reward([reply.reply for reply in replies])
     return sampler.group(replies, scores), []

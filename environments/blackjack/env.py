@@ -101,9 +101,7 @@ class BlackjackEnv(BaseEnv):
             trajectory = sampler.add_messages(trajectory, [step])
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
-        sampler = TokenSampler(
-            self.server, self.tokenizer, max_tokens=self.config.max_completion_tokens
-        )
+        sampler = self.token_sampler()
         runs = [self.episode(sampler, item["seed"]) for _ in range(self.config.group_size)]
         trajectories, rewards = zip(*await asyncio.gather(*runs), strict=True)
         return sampler.group(trajectories, rewards), []

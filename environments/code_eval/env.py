@@ -17,7 +17,6 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.code_rewards import extract_python_code, pass_at_k
-from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, SandboxStatus, arun_python
@@ -128,9 +127,7 @@ class CodeEvalEnv(BaseEnv):
         return [choice.message.content or "" for choice in completion.choices]
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
-        sampler = TokenSampler(
-            self.server, self.tokenizer, max_tokens=self.config.max_completion_tokens
-        )
+        sampler = self.token_sampler()
         replies = await sampler.sample(sampler.start(self.prompt(item)), n=self.config.group_size)
         results = await asyncio.gather(*(self.check(r.reply, item) for r in replies))
         return sampler.group(replies, [problem_score(result) for result in results]), []

@@ -16,7 +16,6 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.code_rewards import execution_reward, extract_python_code
-from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_python
@@ -104,12 +103,7 @@ class CodeExecutionEnv(BaseEnv):
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_prompt(item)},
         ]
-        sampler = TokenSampler(
-            self.server,
-            self.tokenizer,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=self.config.temperature,
-        )
+        sampler = self.token_sampler()
         replies = await sampler.sample(sampler.start(chat), n=self.config.group_size)
         results = await asyncio.gather(*(self.run_code(r.reply, item) for r in replies))
         group = sampler.group(

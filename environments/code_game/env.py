@@ -85,17 +85,12 @@ class CodeGameEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         return {"theme": self.rng.choice(THEMES)}
 
-    def sampler(self) -> TokenSampler:
-        return TokenSampler(
-            self.server, self.tokenizer, max_tokens=self.config.max_completion_tokens
-        )
-
     async def ask(self, sampler: TokenSampler, content: str, n: int) -> list[Trajectory]:
         return await sampler.sample(sampler.start([{"role": "user", "content": content}]), n=n)
 
     async def predict(self, code: str, output: str) -> tuple[ScoredData, float]:
         """The predictor's group for one program and the share of right guesses."""
-        k, sampler = self.config.predictor_samples, self.sampler()
+        k, sampler = self.config.predictor_samples, self.token_sampler()
         guesses = await self.ask(sampler, PREDICTOR_PROMPT.format(code=code), k)
         right = [same_output(extract_answer_tag(guess.reply), output) for guess in guesses]
         group = sampler.group(
@@ -105,7 +100,7 @@ class CodeGameEnv(BaseEnv):
         return group, sum(right) / k
 
     async def collect_trajectories(self, item: Item) -> tuple[list[ScoredData], list[Item]]:
-        sampler = self.sampler()
+        sampler = self.token_sampler()
         programs = await self.ask(
             sampler, WRITER_PROMPT.format(theme=item["theme"]), self.config.group_size
         )

@@ -15,7 +15,6 @@ from pathlib import Path
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
-from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
@@ -105,9 +104,7 @@ class RLAIFEnv(BaseEnv):
         return parse_verdict(completion.choices[0].message.content or "")
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
-        sampler = TokenSampler(
-            self.server, self.tokenizer, max_tokens=self.config.max_completion_tokens
-        )
+        sampler = self.token_sampler()
         start = sampler.start([{"role": "user", "content": item["prompt"]}])
         answers = await sampler.sample(start, n=2)
         first, second = (answer.reply for answer in answers)

@@ -101,14 +101,6 @@ class TicTacToeEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         return {}
 
-    def sampler(self) -> TokenSampler:
-        return TokenSampler(
-            self.server,
-            self.tokenizer,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=self.config.temperature,
-        )
-
     async def play(self, sampler: TokenSampler) -> dict[str, tuple[Trajectory, float]]:
         """One game; each role's trajectory and reward."""
         board = [""] * 9
@@ -138,7 +130,7 @@ class TicTacToeEnv(BaseEnv):
             role = other
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
-        sampler = self.sampler()
+        sampler = self.token_sampler()
         games = await asyncio.gather(
             *(self.play(sampler) for _ in range(self.config.group_size // 2))
         )

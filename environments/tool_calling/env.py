@@ -77,14 +77,6 @@ class ToolCallingEnv(BaseEnv):
         self.index += 1
         return row
 
-    def sampler(self) -> TokenSampler:
-        return TokenSampler(
-            self.server,
-            self.tokenizer,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=self.config.temperature,
-        )
-
     async def episode(self, sampler: TokenSampler, row: dict) -> tuple[Trajectory, float]:
         """One rollout through every turn; returns the trajectory and its mean turn reward."""
         first = {"role": "user", "content": row["turns"][0]["user"]}
@@ -104,7 +96,7 @@ class ToolCallingEnv(BaseEnv):
         return trajectory, sum(rewards) / len(rewards)
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
-        sampler = self.sampler()
+        sampler = self.token_sampler()
         if len(item["turns"]) == 1:  # one request with n choices
             return await self.single_turn(sampler, item), []
         episodes = await asyncio.gather(

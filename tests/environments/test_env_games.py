@@ -95,7 +95,7 @@ def scripted_moves(x_moves: list[int], o_moves: list[int], tokenizer: Any) -> To
 async def test_tictactoe_game_outcomes(x_moves, o_moves, rewards, tokenizer) -> None:
     server = scripted_moves(x_moves, o_moves, tokenizer)
     env = bare_env(tictactoe, "TicTacToeEnv", server, group_size=2)
-    result = await env.play(env.sampler())
+    result = await env.play(env.token_sampler())
     assert {role: score for role, (_, score) in result.items()} == rewards
     x_chat = result["X"][0].messages
     assert x_chat[0]["role"] == "system" and "you are X" in x_chat[0]["content"]
@@ -130,7 +130,7 @@ def test_tictactoe_process_tags_roles(scripted, tmp_path: Path) -> None:
 
 def blackjack_env(reply: str, tokenizer: Any, **config: Any) -> Any:
     env = bare_env(blackjack, "BlackjackEnv", TokenFake(lambda m, i: reply, tokenizer), **config)
-    return env, blackjack.TokenSampler(env.server, tokenizer, max_tokens=48)
+    return env, env.token_sampler()
 
 
 async def test_blackjack_episode_matches_gymnasium(tokenizer) -> None:
