@@ -206,9 +206,19 @@ class ScoredData(GroupMeta):
         return self.model_dump(mode="json", exclude_none=True)
 
 
+def checked_wire_form(group: ScoredData | Mapping[str, Any]) -> tuple[ScoredData, dict[str, Any]]:
+    """The typed group and the JSON form to send. A dict that validates is sent as it came
+    (its declared keys, nulls left out), so an Atropos env's group costs one validation."""
+    if isinstance(group, ScoredData):
+        return group, group.wire()
+    typed = ScoredData.model_validate(group)
+    return typed, {k: v for k, v in group.items() if k in _WIRE_KEYS and v is not None}
+
+
 SCORED_DATA_FIELDS: tuple[str, ...] = (
     "tokens",
     "masks",
     *(name for name in ScoredData.model_fields if name not in ("tokens", "masks")),
 )
 """Every key of a group; a group in a batch carries all of them (null when absent)."""
+_WIRE_KEYS = frozenset(SCORED_DATA_FIELDS)

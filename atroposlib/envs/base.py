@@ -37,7 +37,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
-from atroposlib.group import ScoredData
+from atroposlib.group import ScoredData, checked_wire_form
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import Item
 
@@ -351,7 +351,7 @@ class BaseEnv(ABC):
             if candidate is None:
                 continue
             try:
-                group = ScoredData.from_atropos(candidate)
+                group, payload = checked_wire_form(candidate)
             except ValidationError as exc:
                 invalid = invalid_group_reason(exc)
                 logger.warning("group not sent: %s", invalid)
@@ -367,7 +367,6 @@ class BaseEnv(ABC):
                 logger.warning("group not sent: %s", reason)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
                 continue
-            payload = group.wire()
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
                 payload["messages"] = [
                     [{"role": "assistant", "content": self._tokenizer.decode(seq)}]
