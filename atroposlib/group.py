@@ -29,6 +29,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationError,
     model_validator,
 )
 
@@ -204,6 +205,14 @@ class ScoredData(GroupMeta):
     def wire(self) -> dict[str, Any]:
         """The JSON form sent to the broker and written to ``process`` JSONL (nulls left out)."""
         return self.model_dump(mode="json", exclude_none=True)
+
+
+def invalid_group_reason(error: ValidationError) -> str:
+    """The first problem of a group that does not validate, as ``field: what is wrong``."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return f"{field}: {message}" if field else message
 
 
 def checked_wire_form(group: ScoredData | Mapping[str, Any]) -> tuple[ScoredData, dict[str, Any]]:

@@ -25,7 +25,6 @@ from atroposlib.envs.groups import (
     ScoredDataItem,
     group_from_items,
     group_rejection_reason,
-    invalid_group_reason,
 )
 from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import (
@@ -37,7 +36,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
-from atroposlib.group import ScoredData, checked_wire_form
+from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import Item
 

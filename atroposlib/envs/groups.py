@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
 
-from pydantic import ValidationError
-
 from atroposlib.group import ScoredData
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
@@ -128,11 +126,3 @@ def group_rejection_reason(
     if all(all(m == MASK_IGNORE_INDEX for m in row) for row in group.masks):
         return "every position is masked (-100): nothing to train on"
     return None
-
-
-def invalid_group_reason(error: ValidationError) -> str:
-    """The first problem of a group that does not validate, as ``field: what is wrong``."""
-    first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return f"{field}: {message}" if field else message
