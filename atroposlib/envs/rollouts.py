@@ -96,6 +96,11 @@ class TokenSampler:
         A trajectory whose last reply was aborted (an in-flight weight update, say) is
         resubmitted as it is and the reply continues from its exact ids.
         """
+        if "temperature" in sampling:
+            raise ValueError(
+                "the temperature is the sampler's (the group reports it to the trainer); "
+                "make a TokenSampler per temperature"
+            )
         params = {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,

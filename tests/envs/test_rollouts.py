@@ -244,3 +244,9 @@ async def test_an_aborted_reply_is_resubmitted_token_in_and_continued(tokenizer:
         tail
     )
     assert group.policy_versions == [3], "staleness counts from the oldest token"
+
+
+async def test_a_per_call_temperature_is_refused(tokenizer: Any) -> None:
+    sampler = TokenSampler(FakeEngine([]), tokenizer, max_tokens=4)
+    with pytest.raises(ValueError, match="TokenSampler per temperature"):
+        await sampler.sample(sampler.start(PROMPT), temperature=0.3)
