@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,11 +30,19 @@ from atroposlib.api.hot import (
     error_answer,
     unauthorized_answer,
 )
-from atroposlib.api.http import bearer_ok, encoded, read_body, read_model
+from atroposlib.api.http import (
+    bearer_ok,
+    encoded,
+    read_body,
+    read_model,
+    validation_answer,
+)
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, open_store
 from atroposlib.protocol import (
+    INT32_MAX,
+    MAX_STEP,
     Acknowledgement,
     AcknowledgementResponse,
     EnvRef,
@@ -45,6 +54,8 @@ from atroposlib.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+EnvIdQuery = Annotated[int | None, Query(ge=-MAX_STEP, le=MAX_STEP)]
 
 
 class _Runtime:
@@ -66,7 +77,12 @@ def _error_handlers() -> dict[
         assert answer is not None, f"no HTTP answer for {type(err).__name__}"
         return _response(answer)
 
-    return {error: broker_error for error in BROKER_ERRORS}
+    async def invalid_request(_: Request, err: RequestValidationError) -> Response:
+        return validation_answer(err)
+
+    handlers: dict[int | type[Exception], Any] = dict.fromkeys(BROKER_ERRORS, broker_error)
+    handlers[RequestValidationError] = invalid_request
+    return handlers
 
 
 def _response(answer: Answer) -> Response:
@@ -191,7 +207,7 @@ def create_app(
         return SuccessResponse()
 
     @app.get("/status-env")
-    async def status_env(request: Request, env_id: int | None = None) -> dict[str, Any]:
+    async def status_env(request: Request, env_id: EnvIdQuery = None) -> dict[str, Any]:
         if env_id is None:
             env_id = (await read_model(request, settings, EnvRef)).env_id
         return broker().status_env(env_id).model_dump()
@@ -204,7 +220,9 @@ def create_app(
 
     @app.get("/recent_groups")
     async def recent_groups(
-        request: Request, limit: int = 16, env_id: int | None = None
+        request: Request,
+        limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 16,
+        env_id: EnvIdQuery = None,
     ) -> Response:
         groups = broker().recent_groups(limit, env_id)
         if codec.is_msgpack(request.headers.get("accept")):
@@ -232,7 +250,7 @@ def _route(
 
     async def route(request: Request) -> Response:
         body = await read_body(request, settings) if request.method == "POST" else b""
-        return _response(await handler(request.headers, body))
+        return _response(await handler(request.headers, body, request.url.query))
 
     return route
 

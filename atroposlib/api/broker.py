@@ -253,10 +253,15 @@ class Broker:
             return WandbInfoResponse(group=None, project=None)
         return WandbInfoResponse(group=trainer.wandb_group, project=trainer.wandb_project)
 
-    def next_batch(self, *, packed: bool = False) -> tuple[int, list[dict[str, Any]]] | None:
+    def next_batch(
+        self, *, packed: bool = False, received: int | None = None
+    ) -> tuple[int, list[dict[str, Any]]] | None:
         """The next batch for the trainer (re-deliveries first), or None without enough data.
 
         ``packed``: groups as the msgpack answer carries them (see ``decode_group``).
+        ``received``: the last step the trainer got; a kept batch after it was lost on its way
+        (a timeout, a proxy reset, a broker killed before answering) and is sent again, in step
+        order, before anything new. Trainers that do not name it get each batch once.
         """
         trainer = self._require_trainer()
         if not self._state["started"]:
@@ -267,6 +272,10 @@ class Broker:
                 batch.delivered = True
                 self._state["current_step"] = step
                 self.store.set_delivered([step], True, self._state)
+                return step, self._load_groups(batch.keys, packed)
+            if received is not None and step > received:
+                logger.info("sending batch %d again: the trainer last received %d", step, received)
+                self._count("batches_resent")
                 return step, self._load_groups(batch.keys, packed)
         self._drop_stale(trainer)
         if sum(self._env_sequences.values()) < trainer.batch_size:

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -32,7 +33,7 @@ from atroposlib.errors import (
     TrainerNotRegisteredError,
     UnknownEnvError,
 )
-from atroposlib.protocol import ScoredDataListResponse, ScoredDataResponse
+from atroposlib.protocol import MAX_STEP, ScoredDataListResponse, ScoredDataResponse
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ def unauthorized_answer() -> Answer:
     return Answer(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
 
 
-Handler = Callable[[Mapping[str, str], bytes], Coroutine[Any, Any, Answer]]
+Handler = Callable[[Mapping[str, str], bytes, str], Coroutine[Any, Any, Answer]]
+"""A hot route: (lower-case headers, body, query string) -> answer."""
 
 
 class HotRoutes:
@@ -96,10 +98,11 @@ class HotRoutes:
 
     # -- the routes ---------------------------------------------------------------------
 
-    async def batch(self, headers: Mapping[str, str], _: bytes) -> Answer:
+    async def batch(self, headers: Mapping[str, str], _: bytes, query: str) -> Answer:
         started = time.perf_counter()
         accept = headers.get("accept")
-        formed = self._broker().next_batch(packed=codec.is_msgpack(accept))
+        received = _received_step(query) if query else None
+        formed = self._broker().next_batch(packed=codec.is_msgpack(accept), received=received)
         self._metrics.batch_seconds.observe(time.perf_counter() - started)
         if formed is None:
             return _encoded({"batch": None, "step": None}, accept)
@@ -108,13 +111,13 @@ class HotRoutes:
         self._metrics.bytes_out.inc(len(answer.body))
         return answer
 
-    async def scored_data(self, headers: Mapping[str, str], body: bytes) -> Answer:
+    async def scored_data(self, headers: Mapping[str, str], body: bytes, _: str) -> Answer:
         raw = self._decode(headers, body)
         result = self._broker().ingest([raw])
         answer = ScoredDataResponse(duplicate=result.duplicates > 0)
         return _encoded(answer.model_dump(), headers.get("accept"))
 
-    async def scored_data_list(self, headers: Mapping[str, str], body: bytes) -> Answer:
+    async def scored_data_list(self, headers: Mapping[str, str], body: bytes, _: str) -> Answer:
         raws = self._decode(headers, body)
         if not isinstance(raws, list):
             raise InvalidGroupError("body", "must be a JSON array of groups")
@@ -147,7 +150,8 @@ class HotRoutes:
                 body = b""
                 if scope["method"] == "POST":
                     body = await read_body_chunks(headers, _chunks(receive), self._settings)
-                answer = await handler(headers, body)
+                query = scope["query_string"].decode("latin-1")
+                answer = await handler(headers, body, query)
         except _Disconnected:
             return
         except Exception as err:
@@ -190,6 +194,19 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
         yield message.get("body", b"")
         if not message.get("more_body", False):
             return
+
+
+def _received_step(query: str) -> int | None:
+    """``received=<step>`` of ``GET /batch``: the last batch step the trainer got (see Broker)."""
+    values = parse_qs(query, keep_blank_values=True).get("received")
+    if not values:
+        return None
+    text = values[-1].strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 16 and int(text) <= MAX_STEP):
+        raise InvalidGroupError(
+            "received", f"must be an integer step between 0 and {MAX_STEP}, got {text[:40]!r}"
+        )
+    return int(text)
 
 
 def _encoded(payload: Any, accept: str | None) -> Answer:
