@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import GzipAnswers
+from atroposlib.api.guard import BrowserGuardMiddleware
 from atroposlib.api.hot import (
     BROKER_ERRORS,
     Answer,
@@ -152,6 +153,7 @@ def create_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(BrowserGuardMiddleware, guard=hot.guard)
 
     def broker() -> Broker:
         return runtime.get()

@@ -23,6 +23,7 @@ from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import Gzipper, accepts_gzip
 from atroposlib.api.fastjson import decode_groups
+from atroposlib.api.guard import BrowserGuard
 from atroposlib.api.http import bearer_header_ok, read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
@@ -71,6 +72,10 @@ def error_answer(err: Exception) -> Answer | None:
     return Answer(status, orjson.dumps({"detail": detail}), "application/json", headers)
 
 
+def forbidden_answer(reason: str) -> Answer:
+    return Answer(403, orjson.dumps({"detail": reason}), "application/json")
+
+
 def unauthorized_answer() -> Answer:
     body = orjson.dumps({"detail": UNAUTHORIZED_DETAIL})
     return Answer(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
@@ -90,6 +95,7 @@ class HotRoutes:
         self._settings = settings
         self._metrics = metrics
         self._gzipper = Gzipper(minimum_size=1000, gzip_level=settings.gzip_level)
+        self.guard = BrowserGuard(settings)
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/batch"): self.batch,
             ("POST", "/scored_data"): self.scored_data,
@@ -146,6 +152,8 @@ class HotRoutes:
                 headers.get("authorization", ""), api_key
             ):
                 answer = unauthorized_answer()
+            elif (refusal := self.guard.refusal(headers)) is not None:
+                answer = forbidden_answer(refusal)
             else:
                 body = b""
                 if scope["method"] == "POST":

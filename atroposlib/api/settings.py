@@ -45,6 +45,12 @@ class BrokerSettings(BaseSettings):
         default_factory=list,
         description="Browser origins allowed by CORS; empty means no cross-origin access.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Without --api-key: host names clients may use in URLs besides IP addresses,"
+        " localhost and this machine's names ('*': any); other names are refused (403) as a"
+        " browser's DNS-rebinding attempt.",
+    )
     max_request_bytes: int = Field(
         default=64 * MiB, gt=0, description="Largest request body accepted as sent (413 above)."
     )
