@@ -97,6 +97,10 @@ class Broker:
             None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
         )
         self._fair = FairShareState.from_dict(self._state["fair_share"])
+        self._state_past(snapshot)
+        if snapshot.log_damage:
+            self._count("log_damage", snapshot.log_damage)
+            self.store.save_state(self._state)
         if snapshot.corrupt:
             self._discard_corrupt(snapshot)
         self._queue: dict[int, GroupMeta] = {}
@@ -113,6 +117,14 @@ class Broker:
         newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
         for blob in self.store.payloads(newest):
             self._remember(blob)
+
+    def _state_past(self, snapshot: StoreSnapshot) -> None:
+        """Keys and steps after everything stored, even if a damaged log lost a newer state."""
+        keys = [meta.key for meta in snapshot.queued] + list(snapshot.batched)
+        keys += [key for batch in snapshot.batches for key in batch.keys]
+        self._state["next_key"] = max(self._state["next_key"], max(keys, default=0) + 1)
+        last_step = max((b.step for b in snapshot.batches if b.delivered), default=0)
+        self._state["current_step"] = max(self._state["current_step"], last_step)
 
     def _discard_corrupt(self, snapshot: StoreSnapshot) -> None:
         """Forget groups whose stored payload is damaged, with every batch holding one."""

@@ -148,7 +148,12 @@ class SqliteStore(GroupStore):
         if self._pending_records >= APPLY_EVERY:
             self._apply()
 
-    def _pend(self, header: dict[str, Any], locations: Sequence[PayloadLocation]) -> None:
+    def _pend(
+        self,
+        header: dict[str, Any],
+        locations: Sequence[PayloadLocation],
+        damaged: Collection[int] = (),
+    ) -> None:
         """What a logged change does to SQLite, queued in order (also used by the replay)."""
         op = header["op"]
         if op == "add":
@@ -172,7 +177,11 @@ class SqliteStore(GroupStore):
             self._queue_sql(_DELETE_BATCH, [(step,) for step in header["steps"]])
         elif op == "move":
             moves = []
-            for key, location, crc in zip(header["keys"], locations, header["crcs"], strict=True):
+            for index, (key, location, crc) in enumerate(
+                zip(header["keys"], locations, header["crcs"], strict=True)
+            ):
+                if index in damaged:
+                    continue  # the copy is damaged: the group stays where it was
                 self._forget([key])
                 self._place(key, location)
                 moves.append((location.segment, location.offset, crc, key))
@@ -297,6 +306,8 @@ class SqliteStore(GroupStore):
         ):
             snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
         in_batches = {key for batch in snapshot.batches for key in batch.keys}
+        snapshot.log_damage = len(self._log.damage)
+        self._log.damage.clear()
         for (group_id,) in self._db.execute("SELECT group_id FROM group_ids ORDER BY seq"):
             self._recent_ids.add(group_id)
         query = (
@@ -317,6 +328,8 @@ class SqliteStore(GroupStore):
                 if payload_crc(self._read(location)) != crc:
                     snapshot.corrupt.add(meta.key)
                 checked_bytes += meta.nbytes
+        # a batch whose groups' record was lost to damage cannot be served whole
+        snapshot.corrupt |= in_batches - snapshot.batched.keys()
         if checked_bytes:
             logger.info(
                 "checked %d stored payload(s), %.1f MB, in %.2f s",
@@ -339,7 +352,7 @@ class SqliteStore(GroupStore):
         start = LogPosition(*row) if row else LogPosition(segments[0] if segments else 1, 0)
         replayed = 0
         for record in self._log.replay(start):
-            self._pend(record.header, record.payloads)
+            self._pend(record.header, record.payloads, record.damaged)
             replayed += 1
         if replayed:
             logger.info("replayed %d change(s) from the segment log", replayed)
