@@ -120,7 +120,10 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         own_store = store is None
         if store is None:
-            active = open_store(settings.store, sync_interval=settings.sync_interval)
+            active = open_store(
+                settings.store, sync_interval=settings.sync_interval,
+                min_free_bytes=settings.min_free_bytes, segment_bytes=settings.segment_bytes,
+            )  # fmt: skip
         else:
             active = store
         runtime.broker = Broker(active, settings)

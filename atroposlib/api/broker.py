@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,11 +172,23 @@ class Broker:
     def _drop(self, keys: Sequence[int], reason: str) -> None:
         if not keys:
             return
+        self._count(f"dropped_{reason}", len(keys))
+        try:
+            self.store.drop_groups(keys, self._state)
+        except OSError:
+            self._count(f"dropped_{reason}", -len(keys))
+            raise
         for key in keys:
             self._dequeue(key)
-        self._count(f"dropped_{reason}", len(keys))
-        self.store.drop_groups(keys, self._state)
         logger.warning("dropped %d queued group(s): %s", len(keys), reason)
+
+    @contextmanager
+    def _storing(self, what: str) -> Iterator[None]:
+        """A store that cannot write (a full disk) becomes a 503 + Retry-After naming ``what``."""
+        try:
+            yield
+        except OSError as err:
+            raise self._store_failed(what, err) from err
 
     @property
     def trainer(self) -> TrainerRegistration | None:
@@ -212,6 +225,10 @@ class Broker:
     # -- trainer -------------------------------------------------------------------------
 
     def register_trainer(self, registration: TrainerRegistration) -> int:
+        with self._storing("the registration"):
+            return self._register_trainer(registration)
+
+    def _register_trainer(self, registration: TrainerRegistration) -> int:
         current = self._trainer
         if current is not None and _trainer_identity(current) != _trainer_identity(registration):
             # A second consumer (a data tool such as atropos-sft-gen, a viewer) must not
@@ -244,14 +261,15 @@ class Broker:
         )  # fmt: skip
         return int(self._state["trainer_uuid"])
 
-    def _release(self, steps: Sequence[int]) -> None:
+    def _release(self, steps: Sequence[int]) -> bool:
+        """Forget these batches and their groups, on disk first; False when there were none."""
         if not steps:
-            return
-        released = [self._batches.pop(step) for step in steps]
-        for batch in released:
-            for key in batch.keys:
+            return False
+        self.store.release_batches([self._batches[step] for step in steps], self._state)
+        for step in steps:
+            for key in self._batches.pop(step).keys:
                 self._batched.pop(key, None)
-        self.store.release_batches(released, self._state)
+        return True
 
     def info(self) -> InfoResponse:
         trainer = self.trainer
@@ -277,19 +295,22 @@ class Broker:
         """
         trainer = self._require_trainer()
         if not self._state["started"]:
+            with self._storing("the trainer's start"):
+                self.store.save_state({**self._state, "started": True})
             self._state["started"] = True
-            self.store.save_state(self._state)
         for step, batch in self._batches.items():
             if not batch.delivered:
+                with self._storing("the delivery"):
+                    self.store.set_delivered([step], True, {**self._state, "current_step": step})
                 batch.delivered = True
                 self._state["current_step"] = step
-                self.store.set_delivered([step], True, self._state)
                 return step, self._load_groups(batch.keys, packed)
             if received is not None and step > received:
                 logger.info("sending batch %d again: the trainer last received %d", step, received)
                 self._count("batches_resent")
                 return step, self._load_groups(batch.keys, packed)
-        self._drop_stale(trainer)
+        with self._storing("the dropping of stale groups"):
+            self._drop_stale(trainer)
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
         refs = list(self._refs.values())  # arrival order: dicts keep insertion order
@@ -348,9 +369,14 @@ class Broker:
 
     def ack(self, step: int) -> int:
         self._require_trainer()
-        self._state["acked_step"] = max(step, self._state["acked_step"] or 0)
-        self._release([s for s in self._batches if s <= step])
-        self.store.save_state(self._state)
+        previous = self._state["acked_step"]
+        self._state["acked_step"] = max(step, previous or 0)
+        try:
+            if not self._release([s for s in self._batches if s <= step]):
+                self.store.save_state(self._state)
+        except OSError as err:
+            self._state["acked_step"] = previous
+            raise self._store_failed("the acknowledgement", err) from err
         return step
 
     # -- environments --------------------------------------------------------------------
@@ -363,7 +389,8 @@ class Broker:
             return WaitForTrainerResponse()
         env = self._envs.register(registration)
         self._state["envs"] = self._envs.to_state()
-        self.store.save_state(self._state)
+        with self._storing("the registration"):
+            self.store.save_state(self._state)
         return EnvRegistrationResponse(
             env_id=env.env_id,
             wandb_name=env.wandb_name,
@@ -376,7 +403,8 @@ class Broker:
     def disconnect_env(self, env_id: int) -> None:
         self._envs.disconnect(env_id)
         self._state["envs"] = self._envs.to_state()
-        self.store.save_state(self._state)
+        with self._storing("the disconnection"):
+            self.store.save_state(self._state)
 
     def status(self) -> StatusResponse:
         return StatusResponse(current_step=self.current_step, queue_size=len(self._queue))

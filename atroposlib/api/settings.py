@@ -67,6 +67,19 @@ class BrokerSettings(BaseSettings):
         gt=0,
         description="Stored bytes of queued groups past which posts get 503 + Retry-After.",
     )
+    min_free_bytes: int = Field(
+        default=128 * MiB,
+        ge=0,
+        description="Free disk space the sqlite store keeps: new groups get 503 + Retry-After"
+        " below it, so that acks and compaction can always write and free space.",
+    )
+    segment_bytes: int = Field(
+        default=16 * MiB,
+        ge=64 * 1024,
+        le=GiB,
+        description="Size at which the sqlite store's log starts a new segment file (a file is"
+        " deleted once all its groups are acknowledged; smaller frees disk sooner).",
+    )
     retain_delivered_batches: int = Field(
         default=8,
         ge=0,

@@ -116,7 +116,7 @@ class SegmentLog:
         Adds ``lengths`` and ``crcs`` (crc32 of each payload) to ``header`` before writing it.
         """
         if self._end >= self.segment_bytes:
-            self._rotate()
+            self.rotate()
         header["lengths"] = [len(payload) for payload in payloads]
         header["crcs"] = [payload_crc(payload) for payload in payloads]
         head = msgpack.packb(header, use_bin_type=True)
@@ -152,7 +152,8 @@ class SegmentLog:
             self._end = start
             raise
 
-    def _rotate(self) -> None:
+    def rotate(self) -> None:
+        """Close the active segment; the next record starts a new one."""
         with self._sync_lock:
             os.close(self._writer)
             self._active += 1
