@@ -12,8 +12,11 @@ import httpx
 import pytest
 from broker_testlib import BrokerProcess, make_group, markers, trainer_body
 from disk_testlib import MiB, small_disk
+from test_broker import make_broker, trainer
+from test_sqlite_segments import crash
 
-pytestmark = pytest.mark.slow
+from atroposlib.api.store import SqliteStore
+from atroposlib.api.store import sqlite as sqlite_module
 
 GROUP_TOKENS = 3000  # a group of 2 sequences: ~20 KB stored
 
@@ -41,6 +44,7 @@ def _take_all(url: str, last: int) -> tuple[int, list[int]]:
         assert ack.status_code == 200, ack.text
 
 
+@pytest.mark.slow
 def test_a_full_disk_refuses_new_groups_frees_space_on_acks_and_loses_nothing(
     tmp_path: Path,
 ) -> None:
@@ -86,3 +90,24 @@ def test_a_full_disk_refuses_new_groups_frees_space_on_acks_and_loses_nothing(
             assert len(delivered) + leftover == len(accepted) and leftover <= 1
         finally:
             broker.stop()
+
+
+def test_a_store_reopened_on_a_short_disk_never_deletes_a_segment_it_has_not_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start the index knows only the replayed groups: nothing may be rotated away then."""
+    monkeypatch.setattr(sqlite_module, "APPLY_EVERY", 8)
+    path = tmp_path / "b.sqlite3"
+    first = make_broker(SqliteStore(path, min_free_bytes=0, segment_bytes=64 * 1024))
+    for mark in range(16):  # applied to SQLite (twice 8): the groups of the active segment
+        first.ingest([make_group(1, marker=10 * mark, group_id=f"g{mark}")])
+    first.register_trainer(trainer(batch_size=1, acknowledges=True))  # logged only
+    crash(first.store)  # type: ignore[arg-type]
+    short = SqliteStore(path, min_free_bytes=2**60, segment_bytes=64 * 1024)  # always short
+    second = make_broker(short)
+    assert "dropped_corrupt" not in second.counters
+    got = []
+    while (formed := second.next_batch()) is not None:
+        got += markers(formed[1])
+    assert got == [10 * mark for mark in range(16)]
+    second.store.close()

@@ -159,9 +159,10 @@ class SqliteStore(GroupStore):
             if not self._space.release_reserve():
                 raise
             locations = self._log.append(header, payloads)
+        finally:
+            if self._log.active_segment != active:  # rotated (even if the write then failed)
+                self._maybe_empty.add(active)
         self._space.written(sum(len(p) for p in payloads) + 256)
-        if self._log.active_segment != active:
-            self._maybe_empty.add(active)
         self._checkpointer.dirty = True
         self._pend(header, locations)
         if self._pending_records >= APPLY_EVERY:
@@ -254,7 +255,8 @@ class SqliteStore(GroupStore):
         """One transaction bringing SQLite up to the end of the segment log."""
         short = self._space.short
         active = self._log.active_segment
-        if short and self._log.end.offset and not self._segment_keys.get(active):
+        # (not while starting, compact=False: the index may not know every group yet)
+        if compact and short and self._log.end.offset and not self._segment_keys.get(active):
             self._log.rotate()  # nothing live in it: once applied, it can be deleted
             self._maybe_empty.add(active)
         end = self._log.end
