@@ -25,6 +25,7 @@ from atroposlib.api.settings import BrokerSettings
 logger = logging.getLogger(__name__)
 
 _FOREIGN_FETCH = frozenset(("cross-site", "same-site"))  # same-site: another port, same host
+_VERDICTS_KEPT = 256  # Host values remembered (a client uses one or two)
 
 
 def _hostname(authority: str) -> str:
@@ -65,16 +66,23 @@ class BrowserGuard:
         self._any_host = "*" in allowed or not _is_loopback(settings.host)
         self._hosts = {h.lower() for h in allowed} | machine_names() | {_hostname(settings.host)}
         self._origins = {origin.rstrip("/").lower() for origin in settings.cors_origins}
+        self._host_verdicts: dict[str, bool] = {}
 
     def _host_ok(self, host: str) -> bool:
+        known = self._host_verdicts.get(host)
+        if known is not None:
+            return known
         name = _hostname(host)
-        return (
+        verdict = (
             self._any_host
             or name in self._hosts
             or name == "localhost"
             or name.endswith(".localhost")
             or _is_ip(name)
         )
+        if len(self._host_verdicts) < _VERDICTS_KEPT:
+            self._host_verdicts[host] = verdict
+        return verdict
 
     def refusal(self, headers: Mapping[str, str]) -> str | None:
         """Why the request is refused (lower-case ``headers``); None when it may go on."""
