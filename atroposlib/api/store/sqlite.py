@@ -16,6 +16,11 @@ every stored payload is checked against its crc32, and a damaged one is reported
 ``pread``); a segment is deleted once every record in it is applied and no group points into it,
 and the few live payloads of an old, mostly released segment are copied forward (``COMPACT_BELOW``)
 so that a long-waiting group does not keep a whole segment on disk.
+
+Disk space (:mod:`atroposlib.api.store.space`): new groups are refused below ``min_free_bytes``
+free; a change that frees space may use the disk reserve; an apply that fails (a full disk)
+stays queued, the log holding the changes; and while space is short an emptied active segment
+is closed so that it can be deleted, and recent sparse segments are compacted too.
 """
 
 from __future__ import annotations
