@@ -1,0 +1,186 @@
+"""Which isolation this host gives the sandbox, checked from inside a sandboxed probe."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from atroposlib.errors import ConfigError, SandboxError
+from atroposlib.sandbox.models import Isolation, SandboxLimits, SandboxStatus
+
+logger = logging.getLogger(__name__)
+
+PROBE = r"""
+import json, os, resource, socket
+def attempt(action):
+    try:
+        action()
+        return "allowed"
+    except OSError as error:
+        return type(error).__name__ + ": " + (error.strerror or str(error))
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines()
+              if ":\t" in line)
+uid_map = open("/proc/self/uid_map").read().split()
+host_uid = int(uid_map[1]) if len(uid_map) == 3 and uid_map[0] == "0" else os.getuid()
+print(json.dumps({
+    "host_uid": host_uid,
+    "capabilities": status.get("CapEff", "").strip(),
+    "seccomp": status.get("Seccomp", "0").strip(),
+    "no_new_privs": status.get("NoNewPrivs", "0").strip(),
+    "visible_processes": sum(name.isdigit() for name in os.listdir("/proc")),
+    "socket": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()),
+    "unix_socket": attempt(lambda: socket.socket(socket.AF_UNIX).close()),
+    "write_outside": attempt(lambda: open("/etc/.atropos-sandbox-probe", "w").close()),
+    "network_interfaces": sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else [],
+    "rlimits": {name: resource.getrlimit(getattr(resource, name))[0]
+                for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_NOFILE",
+                             "RLIMIT_FSIZE")},
+}))
+"""
+
+
+class IsolationReport(BaseModel):
+    """What the sandbox enforces on this host, as a probe inside it saw it."""
+
+    isolation: Isolation
+    mechanisms: dict[str, str] = Field(description="Mechanism -> what it does here.")
+    limits: dict[str, str] = Field(description="Limit -> what enforces it.")
+    weaknesses: list[str] = Field(description="What a hostile program could still do.")
+
+    @property
+    def weak(self) -> bool:
+        return bool(self.weaknesses)
+
+
+def hidden_directories() -> list[str]:
+    """Directories the program sees empty: homes and temporary directories (other users'
+    files, credentials), except the Python installation the program runs on."""
+    candidates = [Path.home(), Path("/root"), Path("/home"), Path(tempfile.gettempdir()),
+                  Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]  # fmt: skip
+    return sorted({str(path) for path in candidates if path.is_dir()})
+
+
+@functools.cache
+def detect_isolation() -> Isolation:
+    """Namespaces when this host lets the sandbox create them (checked once), else the weak
+    audit-hook fallback. ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) forces one.
+    """
+    from atroposlib.sandbox.runner import run_python
+
+    forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
+    if forced:
+        try:
+            return Isolation(forced)
+        except ValueError:
+            choices = ", ".join(mode.value for mode in Isolation)
+            raise SandboxError(
+                f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
+            ) from None
+    try:
+        probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
+        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
+            return Isolation.NAMESPACES
+        reason = probe.stderr_tail.strip() or probe.status.value
+    except SandboxError as error:
+        reason = str(error)
+    logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
+                   "fallback (atropos-sandbox-check tells more)", reason[-300:])  # fmt: skip
+    return Isolation.AUDIT_HOOK
+
+
+@functools.cache
+def isolation_report() -> IsolationReport:
+    """Run the probe in the sandbox this host gives and describe what it found."""
+    from atroposlib.sandbox.runner import run_python
+
+    isolation = detect_isolation()
+    probe = run_python(PROBE, limits=SandboxLimits(max_processes=8), isolation=isolation)
+    if probe.status is not SandboxStatus.OK:
+        raise SandboxError(f"the isolation probe failed ({probe.status}): {probe.stderr_tail}")
+    seen = json.loads(probe.stdout)
+    return IsolationReport(
+        isolation=isolation,
+        mechanisms=_mechanisms(isolation, seen),
+        limits=_limits(isolation, seen),
+        weaknesses=_weaknesses(isolation, seen),
+    )
+
+
+def _mechanisms(isolation: Isolation, seen: dict) -> dict[str, str]:
+    spaced = isolation is Isolation.NAMESPACES
+    no = "not active (no namespaces)"
+    return {
+        "user namespace": f"root inside = host uid {seen['host_uid']}" if spaced else no,
+        "pid namespace": f"{seen['visible_processes']} process(es) visible" if spaced else no,
+        "network namespace": f"interfaces {seen['network_interfaces']}" if spaced else no,
+        "mount namespace": "read-only /, tmpfs work folder, homes and /tmp hidden"
+        if spaced
+        else no,
+        "identity": f"host uid {seen['host_uid']}"
+        + (" (unprivileged)" if seen["host_uid"] else " (ROOT)"),
+        "capabilities": "none" if int(seen["capabilities"] or "0", 16) == 0 else "SOME KEPT",
+        "seccomp": "filter active (no sockets, ptrace, io_uring, namespaces, mounts)"
+        if seen["seccomp"] == "2"
+        else "not active",
+        "no_new_privs": "set" if seen["no_new_privs"] == "1" else "not set",
+        "audit hook": "not needed" if spaced else "active (Python-level only)",
+        "cgroups": "not used (total memory watched through /proc)",
+    }
+
+
+def _limits(isolation: Isolation, seen: dict) -> dict[str, str]:
+    nproc = "RLIMIT_NPROC (binds: unprivileged uid)" if seen["host_uid"] else "fork blocked"
+    spaced = isolation is Isolation.NAMESPACES
+    return {
+        "cpu time": "RLIMIT_CPU per process",
+        "wall time": "supervisor kills the whole process tree",
+        "memory": "RLIMIT_AS per process + the tree's resident memory (supervisor)"
+        if spaced
+        else "RLIMIT_AS per process",
+        "processes": nproc if spaced else "fork blocked by the audit hook",
+        "disk written": "tmpfs size of the work folder (all files)"
+        if spaced
+        else "RLIMIT_FSIZE per file only",
+        "open files": "RLIMIT_NOFILE",
+        "output": "supervisor cuts stdout/stderr at their caps",
+    }
+
+
+def _weaknesses(isolation: Isolation, seen: dict) -> list[str]:
+    weak = []
+    if isolation is not Isolation.NAMESPACES:
+        weak.append("no namespaces: host files are protected only by their permissions, the "
+                    "work folder has only a per-file size limit, and the audit hook that refuses "
+                    "sockets, forks and signals can be bypassed by native code (ctypes)")  # fmt: skip
+    if seen["host_uid"] == 0:
+        weak.append("the program runs as root on the host")
+    elif isolation is not Isolation.NAMESPACES and seen["host_uid"] == os.geteuid():
+        weak.append("the program runs as the env's own uid and could signal or read its files")
+    if seen["seccomp"] != "2":
+        weak.append("no seccomp filter (libseccomp / pyseccomp missing): host unix sockets and "
+                    "ptrace are reachable where the namespaces do not cover them")  # fmt: skip
+    if seen["socket"] == "allowed" and isolation is not Isolation.NAMESPACES:
+        weak.append("native code can open network sockets")
+    return weak
+
+
+def check_isolation(limits: SandboxLimits, *, serving: bool, env_name: str) -> IsolationReport:
+    """Log the sandbox's weaknesses (every start); refuse ``serve`` on weak isolation unless
+    ``limits.allow_weak_isolation``."""
+    report = isolation_report()
+    for weakness in report.weaknesses:
+        logger.warning("%s: code sandbox isolation is weak here: %s", env_name, weakness)
+    if report.weak and serving and not limits.allow_weak_isolation:
+        raise ConfigError(
+            f"{env_name}: the code sandbox has only weak isolation on this host "
+            f"({'; '.join(report.weaknesses)}), so a policy could game its reward or harm the "
+            "host; run where user namespaces are allowed (atropos-sandbox-check shows what is "
+            "missing) or pass --sandbox.allow_weak_isolation to accept the risk"
+        )
+    return report
