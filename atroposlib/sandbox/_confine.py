@@ -26,6 +26,7 @@ _BLOCKED_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.get
                    "socket.gethostbyname", "subprocess.Popen", "os.system", "os.exec",
                    "os.posix_spawn", "os.spawn", "pty.spawn", "os.kill", "os.killpg")  # fmt: skip
 _FORK_EVENTS = ("os.fork", "os.forkpty")
+SANDBOX_PROCESSES = 2  # the supervisor's child C and the namespace's init share the program's uid
 
 
 class _MountAttr(ctypes.Structure):
@@ -186,11 +187,12 @@ def apply_limits(limits: dict[str, Any]) -> None:
     cpu = max(1, int(limits["cpu_seconds"] + 0.999))
     memory = int(limits["memory_mb"]) * 1024 * 1024
     file_size = int(limits["file_size_mb"]) * 1024 * 1024
+    nproc = int(limits["max_processes"]) + SANDBOX_PROCESSES  # its uid also runs C and init
     for which, value in (
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
         (resource.RLIMIT_AS, (memory, memory)),
         (resource.RLIMIT_FSIZE, (file_size, file_size)),
-        (resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"])),
+        (resource.RLIMIT_NPROC, (nproc, nproc)),
         (resource.RLIMIT_NOFILE, (limits["max_open_files"], limits["max_open_files"])),
         (resource.RLIMIT_CORE, (0, 0)),
     ):

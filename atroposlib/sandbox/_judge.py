@@ -49,7 +49,8 @@ class RemoteFunction:
 def free_names(source: str) -> list[str]:
     """Names the test reads but never binds itself (candidates to take from the program)."""
     tree = ast.parse(source)
-    loaded, bound = set(), set()
+    loaded: set[str] = set()
+    bound: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
@@ -206,10 +207,7 @@ def _update_in_place(target: Any, value: Any) -> None:
     """The test sees an argument changed the way the function changed its copy."""
     if isinstance(target, list) and isinstance(value, list):
         target[:] = value
-    elif isinstance(target, dict) and isinstance(value, dict):
-        target.clear()
-        target.update(value)
-    elif isinstance(target, set) and isinstance(value, set):
+    elif isinstance(target, dict | set) and isinstance(value, type(target)):
         target.clear()
         target.update(value)
     elif isinstance(target, bytearray) and isinstance(value, bytes):

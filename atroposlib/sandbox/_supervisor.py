@@ -23,10 +23,12 @@ import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
-import _confine  # noqa: E402
-import _judge  # noqa: E402
-import _wire  # noqa: E402
-import _worker  # noqa: E402
+import contextlib
+
+import _confine
+import _judge
+import _wire
+import _worker
 
 EXIT_SIGNAL_BASE, EXIT_SETUP = 64, 70
 _STATUS_BY_EXIT = {0: "ok", 1: "runtime_error", 3: "memory"}
@@ -76,12 +78,14 @@ class Worker:
             if now >= self.next_watch:
                 self._watch_memory()
                 self.next_watch = now + _WATCH_INTERVAL_S
+                continue
             if not self.selector.get_map():
                 self._reap(block_until=min(until, self.next_watch))
                 continue
             timeout = min(until, self.next_watch) - now
             for key, _ in self.selector.select(timeout=max(0.0, timeout)):
-                self._read(key.fd)
+                if self.alive:
+                    self._read(key.fd)
         return self._next_frame() if want_frame else None
 
     def _next_frame(self) -> dict[str, Any] | None:
@@ -151,10 +155,8 @@ class Worker:
             self.killed_for = reason
         for pid in (self.init_pid, self.child_pid):
             if pid > 0:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         if self.exit_code is None:
             os.waitpid(self.child_pid, 0)
             self.exit_code = -signal.SIGKILL
@@ -346,10 +348,8 @@ def _arrange_fds(sources: list[int]) -> int:
         if fd >= 0:
             os.dup2(fd, target)
         else:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(target)
-            except OSError:
-                pass
     os.closerange(len(high), 1 << 16)
     return len(high) - 1
 

@@ -19,7 +19,7 @@ from typing import Any
 
 if __name__ == "__main__":  # a fresh interpreter: -I leaves the script's folder off sys.path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _wire  # noqa: E402
+import _wire
 
 EXIT_OK, EXIT_RUNTIME, EXIT_MEMORY = 0, 1, 3
 REQUEST_FD, RESPONSE_FD = 3, 4

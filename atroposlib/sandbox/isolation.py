@@ -37,7 +37,8 @@ print(json.dumps({
     "socket": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()),
     "unix_socket": attempt(lambda: socket.socket(socket.AF_UNIX).close()),
     "write_outside": attempt(lambda: open("/etc/.atropos-sandbox-probe", "w").close()),
-    "network_interfaces": sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else [],
+    "network_interfaces": sorted(line.split(":")[0].strip()
+                                 for line in open("/proc/net/dev").read().splitlines()[2:]),
     "rlimits": {name: resource.getrlimit(getattr(resource, name))[0]
                 for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_NOFILE",
                              "RLIMIT_FSIZE")},
@@ -155,16 +156,20 @@ def _limits(isolation: Isolation, seen: dict) -> dict[str, str]:
 def _weaknesses(isolation: Isolation, seen: dict) -> list[str]:
     weak = []
     if isolation is not Isolation.NAMESPACES:
-        weak.append("no namespaces: host files are protected only by their permissions, the "
-                    "work folder has only a per-file size limit, and the audit hook that refuses "
-                    "sockets, forks and signals can be bypassed by native code (ctypes)")  # fmt: skip
+        weak.append(
+            "no namespaces: host files are protected only by their permissions, the work "
+            "folder has only a per-file size limit, and the audit hook that refuses sockets, "
+            "forks and signals can be bypassed by native code (ctypes)"
+        )
     if seen["host_uid"] == 0:
         weak.append("the program runs as root on the host")
     elif isolation is not Isolation.NAMESPACES and seen["host_uid"] == os.geteuid():
         weak.append("the program runs as the env's own uid and could signal or read its files")
     if seen["seccomp"] != "2":
-        weak.append("no seccomp filter (libseccomp / pyseccomp missing): host unix sockets and "
-                    "ptrace are reachable where the namespaces do not cover them")  # fmt: skip
+        weak.append(
+            "no seccomp filter (libseccomp / pyseccomp missing): host unix sockets and ptrace "
+            "are reachable where the namespaces do not cover them"
+        )
     if seen["socket"] == "allowed" and isolation is not Isolation.NAMESPACES:
         weak.append("native code can open network sockets")
     return weak

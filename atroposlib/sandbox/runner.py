@@ -176,9 +176,14 @@ def _start_and_read(
     try:
         process = subprocess.Popen(
             [sys.executable, "-I", "-S", str(_SUPERVISOR), *map(str, fds)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/", env=env,
-            pass_fds=fds, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,
+        )
     finally:
         for fd in fds:
             os.close(fd)
