@@ -1,7 +1,7 @@
 """The trusted supervisor of one sandboxed run: starts confined workers, drains their output,
 enforces the limits the kernel does not, and (with tests) judges them. Model code never runs here.
 
-Started by :mod:`atroposlib.sandbox.runner` as ``python -I _supervisor.py SPEC_FD TESTS_FD
+Started by :mod:`atroposlib.sandbox.runner` as ``python -s -S -P _supervisor.py SPEC_FD TESTS_FD
 REPORT_FD`` (standard library only, no atroposlib import). Each worker is a child ``C`` that enters
 fresh user/mount/PID/network/IPC/UTS namespaces, whose root this process maps to an unprivileged
 host uid; ``C`` forks the worker ``W`` (PID 1 of the new PID namespace, so every process the program
@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -P leaves the script's folder out
 import contextlib
 
 import _confine
@@ -322,7 +322,8 @@ class Sandbox:
             os.close(ready)
             if keep["source"] >= 0:
                 script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
-                os.execv(sys.executable, [sys.executable, "-I", "-S", script, str(_SOURCE_FD)])
+                flags = ("-s", "-S", "-P")
+                os.execv(sys.executable, [sys.executable, *flags, script, str(_SOURCE_FD)])
         except BaseException as error:
             os.write(ready, f"sandbox setup failed in the worker: {error}\n".encode())
             os._exit(EXIT_SETUP)

@@ -5,8 +5,8 @@ it; nothing here decides a verdict. The judge only ever gets back what a functio
 the name of the exception it raised), decoded into fresh plain values in its own process.
 
 Started either as a fork of the supervisor (before it has read any test) or, after a test timed
-out or killed the worker, as ``python -I _worker.py FD`` (a fresh interpreter: the judge's memory,
-tests included, is not inherited).
+out or killed the worker, as ``python -s -S -P _worker.py FD`` (a fresh interpreter: the judge's
+memory, tests included, is not inherited).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import traceback
 from typing import Any
 
-if __name__ == "__main__":  # a fresh interpreter: -I leaves the script's folder off sys.path
+if __name__ == "__main__":  # a fresh interpreter: -P leaves the script's folder off sys.path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _wire
 

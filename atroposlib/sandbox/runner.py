@@ -35,6 +35,9 @@ _SUPERVISOR = Path(__file__).with_name("_supervisor.py")
 _HOST_IDS = (2_000_000_000, 2**24)  # base, count: unprivileged uids no account on a host owns
 _GRACE_SECONDS = 10.0
 _NAMESPACE_WORKDIR = "/tmp/atropos-sandbox"
+# no user site, no site (its .pth files cost ~15 ms), not the cwd on sys.path; the environment
+# is ours (not -E), so PYTHONHASHSEED applies
+PYTHON_FLAGS = ("-s", "-S", "-P")
 
 
 def run_python(
@@ -175,7 +178,7 @@ def _start_and_read(
     fds = (spec_fd, tests_fd, report_w)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_SUPERVISOR), *map(str, fds)],
+            [sys.executable, *PYTHON_FLAGS, str(_SUPERVISOR), *map(str, fds)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
