@@ -6,13 +6,12 @@ import functools
 import json
 import logging
 import os
-import tempfile
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from atroposlib.errors import ConfigError, SandboxError
 from atroposlib.sandbox.models import Isolation, SandboxLimits, SandboxStatus
+from atroposlib.sandbox.runner import detect_isolation, run_python
 
 logger = logging.getLogger(__name__)
 
@@ -59,47 +58,9 @@ class IsolationReport(BaseModel):
         return bool(self.weaknesses)
 
 
-def hidden_directories() -> list[str]:
-    """Directories the program sees empty: homes and temporary directories (other users'
-    files, credentials), except the Python installation the program runs on."""
-    candidates = [Path.home(), Path("/root"), Path("/home"), Path(tempfile.gettempdir()),
-                  Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]  # fmt: skip
-    return sorted({str(path) for path in candidates if path.is_dir()})
-
-
-@functools.cache
-def detect_isolation() -> Isolation:
-    """Namespaces when this host lets the sandbox create them (checked once), else the weak
-    audit-hook fallback. ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) forces one.
-    """
-    from atroposlib.sandbox.runner import run_python
-
-    forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
-    if forced:
-        try:
-            return Isolation(forced)
-        except ValueError:
-            choices = ", ".join(mode.value for mode in Isolation)
-            raise SandboxError(
-                f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
-            ) from None
-    try:
-        probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
-        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
-            return Isolation.NAMESPACES
-        reason = probe.stderr_tail.strip() or probe.status.value
-    except SandboxError as error:
-        reason = str(error)
-    logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
-                   "fallback (atropos-sandbox-check tells more)", reason[-300:])  # fmt: skip
-    return Isolation.AUDIT_HOOK
-
-
 @functools.cache
 def isolation_report() -> IsolationReport:
     """Run the probe in the sandbox this host gives and describe what it found."""
-    from atroposlib.sandbox.runner import run_python
-
     isolation = detect_isolation()
     probe = run_python(PROBE, limits=SandboxLimits(max_processes=8), isolation=isolation)
     if probe.status is not SandboxStatus.OK:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import secrets
 import selectors
@@ -27,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import SandboxError
-from atroposlib.sandbox.isolation import detect_isolation, hidden_directories
 from atroposlib.sandbox.models import Isolation, SandboxLimits, SandboxResult, SandboxStatus
 from atroposlib.sandbox.seccomp import compiled_filter
 
+logger = logging.getLogger(__name__)
 _SUPERVISOR = Path(__file__).with_name("_supervisor.py")
 _HOST_IDS = (2_000_000_000, 2**24)  # base, count: unprivileged uids no account on a host owns
 _GRACE_SECONDS = 10.0
@@ -92,6 +93,40 @@ async def arun_python(code: str, **kwargs: Any) -> SandboxResult:
 async def arun_io(code: str, inputs: Sequence[str], **kwargs: Any) -> list[SandboxResult]:
     """:func:`run_io` in a worker thread."""
     return await asyncio.to_thread(run_io, code, inputs, **kwargs)
+
+
+def hidden_directories() -> list[str]:
+    """Directories the program sees empty: homes and temporary directories (other users'
+    files, credentials), except the Python installation the program runs on."""
+    candidates = [Path.home(), Path("/root"), Path("/home"), Path(tempfile.gettempdir()),
+                  Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]  # fmt: skip
+    return sorted({str(path) for path in candidates if path.is_dir()})
+
+
+@functools.cache
+def detect_isolation() -> Isolation:
+    """Namespaces when this host lets the sandbox create them (checked once), else the weak
+    audit-hook fallback. ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) forces one.
+    """
+    forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
+    if forced:
+        try:
+            return Isolation(forced)
+        except ValueError:
+            choices = ", ".join(mode.value for mode in Isolation)
+            raise SandboxError(
+                f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
+            ) from None
+    try:
+        probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
+        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
+            return Isolation.NAMESPACES
+        reason = probe.stderr_tail.strip() or probe.status.value
+    except SandboxError as error:
+        reason = str(error)
+    logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
+                   "fallback (atropos-sandbox-check tells more)", reason[-300:])  # fmt: skip
+    return Isolation.AUDIT_HOOK
 
 
 def sandbox_host_id(isolation: Isolation) -> int | None:
