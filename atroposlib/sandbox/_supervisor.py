@@ -58,7 +58,7 @@ class Worker:
         for fd in (self.stdout_fd, self.stderr_fd, self.response_fd):
             if fd >= 0:
                 self.selector.register(fd, selectors.EVENT_READ)
-        self.namespaces = sandbox.namespaces
+        self.namespaces, self.host_id = sandbox.namespaces, sandbox.host_id
         self.next_watch = self.started + _WATCH_INTERVAL_S
 
     @property
@@ -151,13 +151,19 @@ class Worker:
             self.kill("memory")
 
     def kill(self, reason: str | None) -> None:
+        """End every process of the run: the namespace's init takes them all with it (and ``C``,
+        which waits for it, then exits); without namespaces, C's process group and, as root,
+        every process of the run's uid."""
         if self.killed_for is None and self.exit_code is None:
             self.killed_for = reason
-        for pid in (self.init_pid, self.child_pid):
-            if pid > 0:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
         if self.exit_code is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init_pid, signal.SIGKILL)
+            if not self.namespaces:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.child_pid, signal.SIGKILL)
+                if self.host_id:
+                    _kill_every_process_of(self.host_id)
             os.waitpid(self.child_pid, 0)
             self.exit_code = -signal.SIGKILL
         self._close()
@@ -253,6 +259,7 @@ class Sandbox:
         """``C``: enter the namespaces, build the filesystem, fork the worker, relay its end."""
         code = EXIT_SETUP
         try:
+            os.setpgid(0, 0)  # a group of its own, for the fallback's kill
             if self.namespaces:
                 _confine.unshare_namespaces()
                 os.write(ready_w, b"unshared\n")
@@ -334,6 +341,18 @@ class Sandbox:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+
+def _kill_every_process_of(host_id: int) -> None:
+    """As root without namespaces: a helper takes the run's uid and kills all it can signal."""
+    helper = os.fork()
+    if helper == 0:
+        try:
+            _confine.become(host_id)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(helper, 0)
 
 
 def _exit_code(status: int) -> int:
