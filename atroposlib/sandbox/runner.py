@@ -194,7 +194,7 @@ def _site_packages() -> list[str]:
 
 
 def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)  # inheritable: the supervisor reads it
+    fd = os.memfd_create(name)  # close-on-exec; pass_fds hands it to the supervisor only
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
