@@ -17,7 +17,11 @@ from typing import Literal
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.reward_fns.code_rewards import extract_python_code, pass_at_k
+from atroposlib.envs.reward_fns.code_rewards import (
+    extract_python_code,
+    pass_at_k,
+    tested_functions,
+)
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.errors import SandboxError
 from atroposlib.sandbox import SandboxLimits, SandboxResult, SandboxStatus, arun_python
@@ -66,7 +70,7 @@ def load_problems(config: CodeEvalConfig) -> list[dict]:
     return [
         {"task_id": r["task_id"], "setup": r.get("test_setup_code") or "", "tests": r["test_list"],
          "prompt": r["text"] + "\nYour code should pass these tests:\n" + "\n".join(r["test_list"]),
-         "entry_points": []}
+         "entry_points": tested_functions(r.get("code") or "", r["test_list"])}
         for r in rows
     ]  # fmt: skip
 

@@ -17,7 +17,12 @@ from typing import Literal
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.reward_fns.code_rewards import execution_reward, extract_python_code, io_reward
+from atroposlib.envs.reward_fns.code_rewards import (
+    execution_reward,
+    extract_python_code,
+    io_reward,
+    tested_functions,
+)
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_io, arun_python
 from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
@@ -111,10 +116,11 @@ class CodeExecutionEnv(BaseEnv):
         if self.config.mode == "io":
             return await arun_io(code, [case["input"] for case in row["io"]], limits=limits)
         if self.config.mode == "tests":
-            setup = row.get("test_setup_code") or ""
-            code = f"{setup}\n{code}"
-            tests = row["test_list"]
-            return [await arun_python(code, tests=tests, test_setup=setup, limits=limits)]
+            setup, tests = row.get("test_setup_code") or "", row["test_list"]
+            names = tested_functions(row.get("code") or "", tests)  # even one named like a builtin
+            program = f"{setup}\n{code}"
+            return [await arun_python(program, tests=tests, test_setup=setup, solution_names=names,
+                                      limits=limits)]  # fmt: skip
         return [await arun_python(code, limits=limits)]
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:

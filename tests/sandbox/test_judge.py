@@ -150,3 +150,14 @@ def test_sandbox_that_cannot_start_raises_instead_of_scoring(
     monkeypatch.setattr(runner, "_SUPERVISOR", runner._SUPERVISOR.with_name("missing.py"))
     with pytest.raises(SandboxError, match="supervisor failed"):
         run_python("print(1)", limits=FAST)
+
+
+def test_a_solution_name_that_shadows_a_builtin_is_the_programs() -> None:
+    """MBPP-style ``def max(...)``: the test must call the reply's, not the builtin."""
+    wrong = "def max(a, b):\n    return a"
+    tests = ["assert max(1, 2) == 2"]
+    result = run_python(wrong, tests=tests, solution_names=["max"], limits=FAST)
+    assert result.tests_passed == [False]
+    right = "def max(a, b):\n    return a if a > b else b"
+    result = run_python(right, tests=tests, solution_names=["max"], limits=FAST)
+    assert result.tests_passed == [True]

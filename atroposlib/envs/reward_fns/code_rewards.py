@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,26 @@ def pass_rate_reward(
         code = extract_python_code(completion_text(completion))
         scores.append(run_python(code, tests=list(problem_tests), limits=limits).pass_rate)
     return scores
+
+
+def tested_functions(reference: str, tests: Sequence[str]) -> list[str]:
+    """Functions the reference solution defines at top level that the tests call: the names the
+    judge must always take from the reply, even one that shadows a builtin (MBPP's ``max``...).
+
+    >>> tested_functions("def max(a, b):\\n    return a\\ndef helper():\\n    pass",
+    ...                  ["assert max(1, 2) == 2"])
+    ['max']
+    >>> tested_functions("def f(:", ["assert f()"])
+    []
+    """
+    try:
+        tree = ast.parse(reference)
+    except SyntaxError:
+        return []
+    defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)]
+    called = {node.id for test in tests for node in ast.walk(ast.parse(test))
+              if isinstance(node, ast.Name)}  # fmt: skip
+    return [name for name in defined if name in called]
 
 
 def outputs_match(expected: str | None, actual: str) -> bool:
