@@ -90,6 +90,7 @@ class Sandbox:
         code = EXIT_SETUP
         try:
             os.setpgid(0, 0)  # a group of its own, for the fallback's kill
+            _close_all_but({*keep.values(), mapped_r, ready_w})  # the tests' and report's too
             if self.namespaces:
                 _confine.unshare_namespaces()
                 os.write(ready_w, b"unshared\n")
@@ -183,6 +184,13 @@ def kill_every_process_of(host_id: int) -> None:
         finally:
             os._exit(0)
     os.waitpid(helper, 0)
+
+
+def _close_all_but(kept: set[int]) -> None:
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd > 2 and fd not in kept:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _exit_code(status: int) -> int:
