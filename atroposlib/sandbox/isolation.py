@@ -92,8 +92,28 @@ def _mechanisms(isolation: Isolation, seen: dict) -> dict[str, str]:
         else "not active",
         "no_new_privs": "set" if seen["no_new_privs"] == "1" else "not set",
         "audit hook": "not needed" if spaced else "active (Python-level only)",
-        "cgroups": "not used (total memory watched through /proc)",
+        "cgroups": _cgroup_state(),
     }
+
+
+def _cgroup_state() -> str:
+    """Whether a cgroup v2 hierarchy with memory and pids controllers is delegated here."""
+    mounts = [line.split(" - ")[0].split()[4] for line in _mountinfo() if " - cgroup2 " in line]
+    for mount in mounts:
+        try:
+            with open(os.path.join(mount, "cgroup.controllers")) as handle:
+                controllers = set(handle.read().split())
+        except OSError:
+            continue
+        if {"memory", "pids"} <= controllers and os.access(mount, os.W_OK):
+            return f"v2 writable at {mount}, not used: the supervisor watches memory via /proc"
+        return f"v2 at {mount} without memory/pids controllers: not usable"
+    return "no cgroup v2 hierarchy: total memory watched through /proc"
+
+
+def _mountinfo() -> list[str]:
+    with open("/proc/self/mountinfo") as handle:
+        return handle.read().splitlines()
 
 
 def _limits(isolation: Isolation, seen: dict) -> dict[str, str]:
