@@ -20,7 +20,7 @@ import pytest
 from test_sandbox import _sandbox_processes
 
 from atroposlib.sandbox import Isolation, SandboxLimits, SandboxStatus, detect_isolation, run_python
-from atroposlib.sandbox.proof import FORKS
+from atroposlib.sandbox.proof import FORKS, TOGETHER
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_mb=256, max_processes=16, disk_mb=32)
 REPO = Path(__file__).resolve().parents[2]
@@ -86,18 +86,7 @@ def test_ten_gigabytes_in_one_process_is_a_memory_error() -> None:
 
 
 def test_memory_spread_over_processes_counts_together() -> None:
-    result = run("""
-        import os, time
-        for _ in range(6):
-            if os.fork() == 0:
-                block = bytearray(150 * 2**20)
-                for i in range(0, len(block), 4096):
-                    block[i] = 1
-                time.sleep(10)
-                os._exit(0)
-        time.sleep(10)
-        print("all alive")
-        """)
+    result = run(TOGETHER)  # 4 processes x 100 MiB, each under RLIMIT_AS, 400 MiB together
     assert result.status is SandboxStatus.MEMORY
     assert result.stdout == ""
 
