@@ -194,7 +194,8 @@ def _read_fd(fd: int) -> dict[str, Any]:
 def run(spec: dict[str, Any], tests_fd: int) -> dict[str, Any]:
     try:
         program = compile(spec["code"], "solution.py", "exec")
-    except (SyntaxError, ValueError):
+    except Exception:  # SyntaxError, or RecursionError/MemoryError on absurd nesting: the
+        # program's fault, never the sandbox's (that would drop the group instead of scoring it)
         return {"syntax_error": traceback.format_exc(limit=0)}
     sandbox = Sandbox(spec, program)
     limits = spec["limits"]

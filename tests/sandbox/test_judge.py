@@ -161,3 +161,11 @@ def test_a_solution_name_that_shadows_a_builtin_is_the_programs() -> None:
     right = "def max(a, b):\n    return a if a > b else b"
     result = run_python(right, tests=tests, solution_names=["max"], limits=FAST)
     assert result.tests_passed == [True]
+
+
+def test_code_too_deeply_nested_to_compile_is_the_programs_syntax_error() -> None:
+    """Not a sandbox failure: that would drop the group instead of penalising the reply."""
+    for program in ("x = 1" + " + 1" * 200_000, "x = " + "-" * 100_000 + "1"):
+        result = run_python(program, tests=["assert x"], limits=FAST)  # RecursionError, MemoryError
+        assert result.status is SandboxStatus.SYNTAX_ERROR
+        assert result.tests_passed == [False]
