@@ -4,7 +4,7 @@ Zero-sum on programs that run and print: the writer scores ``1 - 2p`` where ``p`
 of the ``predictor_samples`` guesses that were right (+1 none right, -1 all right); each guess
 scores +1 when right and -1 when wrong (the mirror). A program that fails to run or prints
 nothing scores -1 for the writer and is not shown to the predictor; so does a program whose output
-changes between runs (each runs twice, with different hash seeds, working folders and times), so
+changes between runs (each runs ``determinism_runs`` times, with different hash seeds), so
 only deterministic programs can win. Sequences carry ``overrides[i]["role"]`` (``writer`` /
 ``predictor``) and writers ``overrides[i]["sandbox_status"]`` for role-conditioned baselines.
 """
@@ -109,7 +109,7 @@ class CodeGameEnv(BaseEnv):
 
     async def run_repeatedly(self, code: str) -> list[SandboxResult]:
         """The program's runs, each with its own hash seed (set iteration order, ``hash()``);
-        working folders, process start times and addresses differ by themselves."""
+        start times, memory addresses and random seeds differ by themselves."""
         return await asyncio.gather(*(
             arun_python(code, limits=self.config.sandbox, hash_seed=seed)
             for seed in range(1, self.config.determinism_runs + 1)
