@@ -209,10 +209,11 @@ def load_seccomp(bpf: bytes) -> None:
            "seccomp")  # fmt: skip
 
 
-def block_with_audit_hook(block_fork: bool) -> None:
-    """Fallback without namespaces: refuse sockets, new programs and signals in Python code
-    (native code can get around it); forks too where RLIMIT_NPROC cannot bound them."""
-    blocked = _BLOCKED_EVENTS + (_FORK_EVENTS if block_fork else ())
+def block_with_audit_hook() -> None:
+    """Fallback without namespaces: refuse sockets, new programs, signals and forks in Python
+    code (native code can get around it); without a PID namespace a fork could outlive the run,
+    and RLIMIT_NPROC would count the env's own processes when the uid is the env's."""
+    blocked = _BLOCKED_EVENTS + _FORK_EVENTS
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if event in blocked or (event == "socket.__new__" and args[1] != 1):

@@ -155,7 +155,7 @@ class Sandbox:
             if self.spec["seccomp"]:
                 _confine.load_seccomp(bytes.fromhex(self.spec["seccomp"]))
             if not self.namespaces:
-                _confine.block_with_audit_hook(block_fork=True)
+                _confine.block_with_audit_hook()
             os.write(ready, b"started\n")
             os.close(ready)
             if keep["source"] >= 0:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from atroposlib.errors import SandboxError
 from atroposlib.sandbox.isolation import check_isolation
@@ -25,9 +25,6 @@ class _CodeEnv(Protocol):
     name: str | None
     serving: bool
     perf: _Perf
-
-    @property
-    def config(self) -> Any: ...
 
 
 def check_env_sandbox(env: _CodeEnv, limits: SandboxLimits) -> None:
