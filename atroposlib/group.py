@@ -33,6 +33,8 @@ from pydantic import (
     model_validator,
 )
 
+from atroposlib.bounds import MAX_STEP, SignedStep, Step
+
 FinishReason = Literal["stop", "length", "abort", "tool_calls", "content_filter"]
 """Why sampling stopped, as vLLM, SGLang and OpenAI name it (``abort``: cut off by the engine)."""
 
@@ -101,21 +103,20 @@ class GroupMeta(BaseModel):
     overrides: list[SequenceOverrides] | None = None
     group_overrides: GroupOverrides | None = None
     images: Any | None = None
-    env_id: int | None = None
+    env_id: SignedStep | None = None
     group_id: str | None = Field(
         default=None,
         max_length=200,
         description="Idempotency key: a group posted twice with the same id is queued once.",
     )
-    policy_version: int | None = Field(
+    policy_version: Step | None = Field(
         default=None,
-        ge=0,
         description="Trainer step of the weights that generated this group.",
     )
     finish_reasons: list[FinishReason | None] | None = Field(
         default=None, description="Why each sequence's last sampled turn ended."
     )
-    policy_versions: list[StrictInt | None] | None = Field(
+    policy_versions: list[Annotated[StrictInt, Field(ge=0, le=MAX_STEP)] | None] | None = Field(
         default=None, description="Engine weight version of each sequence's oldest sampled token."
     )
     extra: list[dict[str, JsonValue]] | None = Field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, get_args
 
+from atroposlib.bounds import MAX_STEP
 from atroposlib.errors import InvalidGroupError
 from atroposlib.group import FinishReason
 
@@ -77,8 +78,14 @@ def check_sequence_fields(raw: dict[str, Any], size: int) -> None:
                 f"finish_reasons[{index}]", f"must be one of {sorted(FINISH_REASONS)} or null"
             )
     for index, version in enumerate(_per_sequence(raw, "policy_versions", size) or ()):
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise InvalidGroupError(f"policy_versions[{index}]", "must be an integer or null")
+        if version is not None and (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or not 0 <= version <= MAX_STEP
+        ):
+            raise InvalidGroupError(
+                f"policy_versions[{index}]", f"must be an integer between 0 and {MAX_STEP} or null"
+            )
     for index, entry in enumerate(_per_sequence(raw, "extra", size) or ()):
         if not isinstance(entry, dict):
             raise InvalidGroupError(f"extra[{index}]", "must be a JSON object")

@@ -202,11 +202,13 @@ def serve_env(
 
 
 def chatml_messages(text: str) -> list[dict[str, str]]:
-    """The messages of a decoded ChatML prompt (SmolLM2's template), last one possibly open."""
+    """The messages of a decoded ChatML prompt (SmolLM2's template); the open generation
+    prompt at its end is left out, so the chat reads as a chat completion request would."""
     messages = []
     for part in text.split("<|im_start|>")[1:]:
         role, _, content = part.partition("\n")
-        messages.append({"role": role, "content": content.split("<|im_end|>")[0]})
+        if "<|im_end|>" in content:
+            messages.append({"role": role, "content": content.split("<|im_end|>")[0]})
     return messages
 
 
