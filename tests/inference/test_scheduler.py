@@ -34,16 +34,26 @@ class ScriptedBatch:
 
 
 class ScriptedRunner:
-    """Appends ``len(output_ids)`` to each row; ``gate`` can hold the worker inside a step."""
+    """Appends ``len(output_ids)`` to each row; :meth:`hold` stops the worker in a step."""
 
     def __init__(self) -> None:
         self.model: object = "v0"
-        self.entered = 0
         self.decode_steps = 0
         self.decoded_rows: list[list[Sequence]] = []
-        self.gate = threading.Event()
-        self.gate.set()
         self.fail_next = False
+        self.held_at: int | None = None
+        self._holding = False
+        self._lock = threading.Condition()
+
+    def hold(self) -> None:
+        """The next decode step waits (inside the step) until :meth:`release`."""
+        with self._lock:
+            self._holding = True
+
+    def release(self) -> None:
+        with self._lock:
+            self._holding = False
+            self._lock.notify_all()
 
     def _emit(self, rows: list[Sequence]) -> None:
         if self.fail_next:
@@ -60,8 +70,11 @@ class ScriptedRunner:
         return ScriptedBatch(list(rows))
 
     def decode(self, batch: ScriptedBatch) -> None:
-        self.entered += 1
-        self.gate.wait()
+        with self._lock:
+            if self._holding:
+                self.held_at = self.decode_steps
+                while self._holding:
+                    self._lock.wait()
         self.decode_steps += 1
         self.decoded_rows.append(list(batch.rows))
         self._emit(batch.rows)
@@ -77,7 +90,7 @@ async def scheduler() -> AsyncIterator[tuple[Scheduler, ScriptedRunner]]:
     scheduler = Scheduler(runner, max_batch_size=4)  # type: ignore[arg-type]
     scheduler.start()
     yield scheduler, runner
-    runner.gate.set()
+    runner.release()
     await asyncio.to_thread(scheduler.stop)
 
 
@@ -88,12 +101,11 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def hold_inside_next_step(runner: ScriptedRunner) -> int:
-    """Stop the worker inside its next decode step; the index that step will have."""
-    runner.gate.clear()
-    mark = runner.entered
-    await until(lambda: runner.entered > mark)
-    return runner.decode_steps
+async def held_step(runner: ScriptedRunner) -> int:
+    """Wait until the worker is held inside a decode step; that step's index."""
+    await until(lambda: runner.held_at is not None)
+    assert runner.held_at is not None
+    return runner.held_at
 
 
 async def test_requests_queued_behind_a_swap_are_answered(
@@ -102,13 +114,13 @@ async def test_requests_queued_behind_a_swap_are_answered(
     """The demo's stall: the worker took queued rows off the queue in the turn that
     installed new weights, then dropped them; their requests were never answered."""
     sched, runner = scheduler
-    runner.gate.clear()
+    runner.hold()
     first = sched.submit(rows(1, 3))
-    await until(lambda: sched.stats.sequences_running == 1)
+    await held_step(runner)
     swap = asyncio.create_task(sched.swap_weights("v1"))  # type: ignore[arg-type]
     behind = [sched.submit(rows(2, 3)) for _ in range(3)]
     await asyncio.sleep(0.05)
-    runner.gate.set()
+    runner.release()
     assert len(await asyncio.wait_for(first.result(), 5)) == 1
     assert await asyncio.wait_for(swap, 5) == 1
     for job in behind:
@@ -121,11 +133,11 @@ async def test_a_small_request_is_not_starved_by_a_huge_one(
     scheduler: tuple[Scheduler, ScriptedRunner],
 ) -> None:
     sched, runner = scheduler
-    runner.gate.clear()
+    runner.hold()
     huge = sched.submit(rows(40, 50))  # 500 steps of a full batch
-    step = await hold_inside_next_step(runner)
+    step = await held_step(runner)
     small_job = sched.submit(rows(1, 2))
-    runner.gate.set()
+    runner.release()
     small = await asyncio.wait_for(small_job.result(), 10)
     assert small[0].output_ids == [0, 1]
     steps_with_small = [k for k, batch in enumerate(runner.decoded_rows) if small[0] in batch]
@@ -142,12 +154,12 @@ async def test_a_cancelled_job_leaves_the_batch_before_the_next_step(
     scheduler: tuple[Scheduler, ScriptedRunner],
 ) -> None:
     sched, runner = scheduler
-    runner.gate.clear()
+    runner.hold()
     other = sched.submit(rows(1, 30))
     leaving = sched.submit(rows(3, 1000))
-    step = await hold_inside_next_step(runner)
+    step = await held_step(runner)
     sched.cancel(leaving)
-    runner.gate.set()
+    runner.release()
     with pytest.raises(JobCancelled):
         await asyncio.wait_for(leaving.result(), 5)
     assert len((await asyncio.wait_for(other.result(), 10))[0].output_ids) == 30
@@ -187,10 +199,10 @@ async def test_streaming_jobs_get_every_token_once_in_order(
 
 async def test_shutdown_fails_what_is_left(scheduler: tuple[Scheduler, ScriptedRunner]) -> None:
     sched, runner = scheduler
-    runner.gate.clear()
+    runner.hold()
     job = sched.submit(rows(8, 10**9))
-    await hold_inside_next_step(runner)
-    runner.gate.set()
+    await held_step(runner)
+    runner.release()
     await asyncio.to_thread(sched.stop)
     with pytest.raises(RuntimeError, match="shutting down"):
         await asyncio.wait_for(job.result(), 5)
