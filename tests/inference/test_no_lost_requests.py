@@ -3,7 +3,8 @@
 A real server with a small batch, so requests queue; clients send ``n > 1`` requests on all
 three endpoints while the weights are reloaded again and again and some clients hang up
 mid-request. Every request whose client stayed must be answered within ``ANSWER_BOUND_S``
-of the load ending, and the server must end with nothing running or waiting.
+of the load ending, and the server must end with nothing running or waiting (the requests
+of clients that left are cancelled).
 """
 
 from __future__ import annotations
@@ -125,3 +126,18 @@ async def test_every_accepted_request_is_answered_under_reloads_and_hangups(
     for task in done:
         task.result()  # re-raise a wrong answer
     assert len(staying) >= 20 and len(hung_up) >= 5
+    # the hung-up requests were dropped, not left generating or queued
+    health = await health_once_idle(url)
+    assert health["cancelled_requests"] >= 1
+    assert health["weight_version"] == RELOADS
+
+
+async def health_once_idle(url: str, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=url, timeout=timeout) as http:
+        while True:
+            health: dict[str, Any] = (await http.get("/health")).json()
+            if health["sequences_running"] == health["sequences_waiting"] == 0:
+                return health
+            assert time.monotonic() < deadline, f"work left after every client is gone: {health}"
+            await asyncio.sleep(0.1)

@@ -1,0 +1,194 @@
+"""``stream: true``: OpenAI's server-sent events for chat completions and completions.
+
+Every decode step that adds tokens to a choice sends one chunk for that choice. Its text
+is decoded incrementally, holding back what could still become a stop string or is an
+incomplete UTF-8 character, so the pieces join into exactly the text the same request
+answers without streaming. The stream ends with ``data: [DONE]``; a failure after the
+response has started is sent as a last ``data: {"error": ...}`` event, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from atroposlib.inference.jobs import Job, JobCancelled, SequenceUpdate
+from atroposlib.inference.openai_format import (
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    usage,
+)
+from atroposlib.inference.serving import cancelled_on_disconnect
+from atroposlib.inference.state import ServerState
+from atroposlib.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    CompletionChunk,
+    CompletionChunkChoice,
+    StreamError,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+
+
+class TextPieces:
+    """The text of one choice, released piece by piece as its token ids arrive."""
+
+    def __init__(self, decode: Callable[[list[int]], str], holdback: int) -> None:
+        self._decode = decode
+        self._holdback = holdback
+        self._ids: list[int] = []
+        self._sent = 0
+        self.offset = 0
+        """Characters of the tokens seen so far (``text_offset`` of completion logprobs)."""
+
+    def push(self, update: SequenceUpdate) -> str:
+        self._ids += update.token_ids
+        if update.finish_reason is not None:
+            text = update.text  # final: stop strings already cut off
+        else:
+            text = self._decode(self._ids).rstrip("\ufffd")
+            text = text[: max(len(text) - self._holdback, 0)]
+        piece = text[self._sent :]
+        self._sent = max(self._sent, len(text))
+        return piece
+
+
+def event(model: BaseModel) -> bytes:
+    return b"data: " + model.model_dump_json().encode() + b"\n\n"
+
+
+def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
+def _text_pieces(state: ServerState, job: Job) -> list[TextPieces]:
+    stops = job.sequences[0].params.stop
+    holdback = max((len(s) for s in stops), default=1) - 1
+
+    def decode(ids: list[int]) -> str:
+        return str(state.runner.tokenizer.decode(ids, skip_special_tokens=True))
+
+    return [TextPieces(decode, holdback) for _ in job.sequences]
+
+
+async def _events(
+    request: Request,
+    state: ServerState,
+    job: Job,
+    opening: list[ChatCompletionChunk],
+    chunk: Callable[[SequenceUpdate], BaseModel],
+    usage_chunk: Callable[[Usage], BaseModel] | None,
+    prompt_tokens: int,
+) -> AsyncIterator[bytes]:
+    """``opening``, a chunk per update, the usage chunk if asked, then ``[DONE]``."""
+    for model in opening:
+        yield event(model)
+    async with cancelled_on_disconnect(request, state.scheduler, job):
+        try:
+            async for updates in job.updates():
+                for update in updates:
+                    yield event(chunk(update))
+        except JobCancelled:
+            return  # the client has left
+        except Exception as error:  # the response has started: report it in the stream
+            logger.exception("streamed generation failed")
+            detail = {"message": f"generation failed: {error}", "type": "server_error"}
+            yield event(StreamError(error=detail | {"code": 500}))
+        else:
+            if usage_chunk is not None:
+                yield event(usage_chunk(usage(prompt_tokens, job.sequences)))
+    yield DONE
+
+
+def chat_events(
+    request: Request,
+    state: ServerState,
+    job: Job,
+    model: str,
+    prompt_tokens: int,
+    logprobs: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The chunks of a streamed chat completion."""
+    base: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time())}
+    base["model"] = model
+    pieces = _text_pieces(state, job)
+    top_asked = bool(job.sequences[0].params.top_logprobs)
+
+    def chunk(update: SequenceUpdate) -> ChatCompletionChunk:
+        top = update.top_logprobs if top_asked else None
+        choice = ChatChunkChoice(
+            index=update.index,
+            delta=ChatDelta(content=pieces[update.index].push(update)),
+            logprobs=chat_logprobs(state, update.token_ids, update.logprobs, top)
+            if logprobs
+            else None,
+            finish_reason=finish_reason(update.finish_reason),
+            token_ids=update.token_ids,
+        )
+        return ChatCompletionChunk(**base, choices=[choice])
+
+    def usage_chunk(totals: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**base, choices=[], usage=totals)
+
+    opening = [
+        ChatCompletionChunk(
+            **base,
+            choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))],
+        )
+        for i in range(len(job.sequences))
+    ]
+    usage_or_none = usage_chunk if include_usage else None
+    return _events(request, state, job, opening, chunk, usage_or_none, prompt_tokens)
+
+
+def completion_events(
+    request: Request,
+    state: ServerState,
+    job: Job,
+    model: str,
+    prompt_tokens: int,
+    logprobs: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The chunks of a streamed completion."""
+    base: dict[str, Any] = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time())}
+    base["model"] = model
+    pieces = _text_pieces(state, job)
+    top_asked = bool(job.sequences[0].params.top_logprobs)
+
+    def chunk(update: SequenceUpdate) -> CompletionChunk:
+        text = pieces[update.index]
+        lp = None
+        if logprobs:
+            top = update.top_logprobs if top_asked else None
+            lp = completion_logprobs(state, update.token_ids, update.logprobs, top, text.offset)
+            text.offset += sum(len(token) for token in lp.tokens)
+        choice = CompletionChunkChoice(
+            index=update.index,
+            text=text.push(update),
+            logprobs=lp,
+            finish_reason=finish_reason(update.finish_reason),
+            token_ids=update.token_ids,
+        )
+        return CompletionChunk(**base, choices=[choice])
+
+    def usage_chunk(totals: Usage) -> CompletionChunk:
+        return CompletionChunk(**base, choices=[], usage=totals)
+
+    usage_or_none = usage_chunk if include_usage else None
+    return _events(request, state, job, [], chunk, usage_or_none, prompt_tokens)
