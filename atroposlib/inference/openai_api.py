@@ -75,12 +75,11 @@ async def completions(body: CompletionRequest, request: Request) -> CompletionRe
     prompt_tokens = sum(len(ids) for ids in prompts)
     todo = sequences(prompts, body.n, params, limits)
     if body.stream:
-        job = state.scheduler.submit(todo, stream=True)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         logprobs = body.logprobs is not None
         return sse_response(
             completion_events(
-                request, state, job, body.model, prompt_tokens, logprobs, include_usage
+                request, state, todo, body.model, prompt_tokens, logprobs, include_usage
             )
         )
     done = await run_job(request, state.scheduler, todo)
@@ -123,10 +122,9 @@ async def chat_completions(
     params = _params(state, body, top_logprobs=body.top_logprobs or 0)
     todo = sequences([prompt], body.n, params, [limit])
     if body.stream:
-        job = state.scheduler.submit(todo, stream=True)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(
-            chat_events(request, state, job, body.model, len(prompt), body.logprobs, include_usage)
+            chat_events(request, state, todo, body.model, len(prompt), body.logprobs, include_usage)
         )
     done = await run_job(request, state.scheduler, todo)
     if isinstance(done, Response):

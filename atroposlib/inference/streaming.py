@@ -19,7 +19,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from atroposlib.inference.jobs import Job, JobCancelled, SequenceUpdate
+from atroposlib.inference.batch import Sequence
+from atroposlib.inference.jobs import JobCancelled, SequenceUpdate
 from atroposlib.inference.openai_format import (
     chat_logprobs,
     completion_logprobs,
@@ -75,29 +76,34 @@ def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
-def _text_pieces(state: ServerState, job: Job) -> list[TextPieces]:
-    stops = job.sequences[0].params.stop
+def _text_pieces(state: ServerState, todo: list[Sequence]) -> list[TextPieces]:
+    stops = todo[0].params.stop
     holdback = max((len(s) for s in stops), default=1) - 1
 
     def decode(ids: list[int]) -> str:
         return str(state.runner.tokenizer.decode(ids, skip_special_tokens=True))
 
-    return [TextPieces(decode, holdback) for _ in job.sequences]
+    return [TextPieces(decode, holdback) for _ in todo]
 
 
 async def _events(
     request: Request,
     state: ServerState,
-    job: Job,
+    todo: list[Sequence],
     opening: list[ChatCompletionChunk],
     chunk: Callable[[SequenceUpdate], BaseModel],
     usage_chunk: Callable[[Usage], BaseModel] | None,
     prompt_tokens: int,
 ) -> AsyncIterator[bytes]:
-    """``opening``, a chunk per update, the usage chunk if asked, then ``[DONE]``."""
-    for model in opening:
-        yield event(model)
+    """``opening``, a chunk per update, the usage chunk if asked, then ``[DONE]``.
+
+    The job starts with the stream, not with the handler: a response that never starts
+    (the client left first) generates nothing.
+    """
+    job = state.scheduler.submit(todo, stream=True)
     async with cancelled_on_disconnect(request, state.scheduler, job):
+        for model in opening:
+            yield event(model)
         try:
             async for updates in job.updates():
                 for update in updates:
@@ -117,17 +123,17 @@ async def _events(
 def chat_events(
     request: Request,
     state: ServerState,
-    job: Job,
+    todo: list[Sequence],
     model: str,
     prompt_tokens: int,
     logprobs: bool,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """The chunks of a streamed chat completion."""
+    """The chunks of a streamed chat completion of ``todo`` (one prompt's ``n`` choices)."""
     base: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time())}
     base["model"] = model
-    pieces = _text_pieces(state, job)
-    top_asked = bool(job.sequences[0].params.top_logprobs)
+    pieces = _text_pieces(state, todo)
+    top_asked = bool(todo[0].params.top_logprobs)
 
     def chunk(update: SequenceUpdate) -> ChatCompletionChunk:
         top = update.top_logprobs if top_asked else None
@@ -150,26 +156,26 @@ def chat_events(
             **base,
             choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))],
         )
-        for i in range(len(job.sequences))
+        for i in range(len(todo))
     ]
     usage_or_none = usage_chunk if include_usage else None
-    return _events(request, state, job, opening, chunk, usage_or_none, prompt_tokens)
+    return _events(request, state, todo, opening, chunk, usage_or_none, prompt_tokens)
 
 
 def completion_events(
     request: Request,
     state: ServerState,
-    job: Job,
+    todo: list[Sequence],
     model: str,
     prompt_tokens: int,
     logprobs: bool,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """The chunks of a streamed completion."""
+    """The chunks of a streamed completion of ``todo``."""
     base: dict[str, Any] = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time())}
     base["model"] = model
-    pieces = _text_pieces(state, job)
-    top_asked = bool(job.sequences[0].params.top_logprobs)
+    pieces = _text_pieces(state, todo)
+    top_asked = bool(todo[0].params.top_logprobs)
 
     def chunk(update: SequenceUpdate) -> CompletionChunk:
         text = pieces[update.index]
@@ -191,4 +197,4 @@ def completion_events(
         return CompletionChunk(**base, choices=[], usage=totals)
 
     usage_or_none = usage_chunk if include_usage else None
-    return _events(request, state, job, [], chunk, usage_or_none, prompt_tokens)
+    return _events(request, state, todo, [], chunk, usage_or_none, prompt_tokens)
