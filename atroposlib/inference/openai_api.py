@@ -30,7 +30,12 @@ from atroposlib.inference.requests import (
 from atroposlib.inference.sampling import SamplingParams
 from atroposlib.inference.serving import run_job
 from atroposlib.inference.state import ServerState, server_state
-from atroposlib.inference.streaming import chat_events, completion_events, sse_response
+from atroposlib.inference.streaming import (
+    StreamedRequest,
+    chat_events,
+    completion_events,
+    sse_response,
+)
 from atroposlib.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -75,13 +80,9 @@ async def completions(body: CompletionRequest, request: Request) -> CompletionRe
     prompt_tokens = sum(len(ids) for ids in prompts)
     todo = sequences(prompts, body.n, params, limits)
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         logprobs = body.logprobs is not None
-        return sse_response(
-            completion_events(
-                request, state, todo, body.model, prompt_tokens, logprobs, include_usage
-            )
-        )
+        stream = _streamed(request, state, body, todo, prompt_tokens, logprobs)
+        return sse_response(completion_events(stream))
     done = await run_job(request, state.scheduler, todo)
     if isinstance(done, Response):
         return done
@@ -122,10 +123,8 @@ async def chat_completions(
     params = _params(state, body, top_logprobs=body.top_logprobs or 0)
     todo = sequences([prompt], body.n, params, [limit])
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(
-            chat_events(request, state, todo, body.model, len(prompt), body.logprobs, include_usage)
-        )
+        stream = _streamed(request, state, body, todo, len(prompt), body.logprobs)
+        return sse_response(chat_events(stream))
     done = await run_job(request, state.scheduler, todo)
     if isinstance(done, Response):
         return done
@@ -158,6 +157,18 @@ def _check_common(state: ServerState, body: OpenAISamplingFields) -> None:
             f"model {body.model!r} is not served here; use one of {state.model_names}",
             status_code=404,
         )
+
+
+def _streamed(
+    request: Request,
+    state: ServerState,
+    body: OpenAISamplingFields,
+    todo: list[Sequence],
+    prompt_tokens: int,
+    logprobs: bool,
+) -> StreamedRequest:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return StreamedRequest(request, state, todo, body.model, prompt_tokens, logprobs, include_usage)
 
 
 def _params(state: ServerState, body: OpenAISamplingFields, top_logprobs: int) -> SamplingParams:

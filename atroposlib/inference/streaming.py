@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from atroposlib.inference.batch import Sequence
 from atroposlib.inference.jobs import JobCancelled, SequenceUpdate
 from atroposlib.inference.openai_format import (
+    TopLogprobs,
     chat_logprobs,
     completion_logprobs,
     finish_reason,
@@ -76,32 +78,51 @@ def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
-def _text_pieces(state: ServerState, todo: list[Sequence]) -> list[TextPieces]:
-    stops = todo[0].params.stop
-    holdback = max((len(s) for s in stops), default=1) - 1
+@dataclass(frozen=True)
+class StreamedRequest:
+    """What both OpenAI routes hand over to stream a request's choices."""
 
-    def decode(ids: list[int]) -> str:
-        return str(state.runner.tokenizer.decode(ids, skip_special_tokens=True))
+    request: Request
+    state: ServerState
+    todo: list[Sequence]
+    model: str
+    prompt_tokens: int
+    logprobs: bool
+    include_usage: bool
 
-    return [TextPieces(decode, holdback) for _ in todo]
+    def header(self, id_prefix: str) -> dict[str, Any]:
+        """The fields every chunk of this stream repeats."""
+        ident = f"{id_prefix}-{uuid.uuid4().hex}"
+        return {"id": ident, "created": int(time.time()), "model": self.model}
+
+    def top_logprobs(self, update: SequenceUpdate) -> TopLogprobs | None:
+        return update.top_logprobs if self.todo[0].params.top_logprobs else None
+
+    def text_pieces(self) -> list[TextPieces]:
+        stops = self.todo[0].params.stop
+        holdback = max((len(s) for s in stops), default=1) - 1
+        tokenizer = self.state.runner.tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        return [TextPieces(decode, holdback) for _ in self.todo]
 
 
 async def _events(
-    request: Request,
-    state: ServerState,
-    todo: list[Sequence],
+    stream: StreamedRequest,
     opening: list[ChatCompletionChunk],
     chunk: Callable[[SequenceUpdate], BaseModel],
-    usage_chunk: Callable[[Usage], BaseModel] | None,
-    prompt_tokens: int,
+    usage_chunk: Callable[[Usage], BaseModel],
 ) -> AsyncIterator[bytes]:
     """``opening``, a chunk per update, the usage chunk if asked, then ``[DONE]``.
 
     The job starts with the stream, not with the handler: a response that never starts
     (the client left first) generates nothing.
     """
-    job = state.scheduler.submit(todo, stream=True)
-    async with cancelled_on_disconnect(request, state.scheduler, job):
+    scheduler = stream.state.scheduler
+    job = scheduler.submit(stream.todo, stream=True)
+    async with cancelled_on_disconnect(stream.request, scheduler, job):
         for model in opening:
             yield event(model)
         try:
@@ -115,34 +136,25 @@ async def _events(
             detail = {"message": f"generation failed: {error}", "type": "server_error"}
             yield event(StreamError(error=detail | {"code": 500}))
         else:
-            if usage_chunk is not None:
-                yield event(usage_chunk(usage(prompt_tokens, job.sequences)))
+            if stream.include_usage:
+                yield event(usage_chunk(usage(stream.prompt_tokens, job.sequences)))
     yield DONE
 
 
-def chat_events(
-    request: Request,
-    state: ServerState,
-    todo: list[Sequence],
-    model: str,
-    prompt_tokens: int,
-    logprobs: bool,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    """The chunks of a streamed chat completion of ``todo`` (one prompt's ``n`` choices)."""
-    base: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time())}
-    base["model"] = model
-    pieces = _text_pieces(state, todo)
-    top_asked = bool(todo[0].params.top_logprobs)
+def chat_events(stream: StreamedRequest) -> AsyncIterator[bytes]:
+    """The chunks of a streamed chat completion (one prompt's ``n`` choices)."""
+    base = stream.header("chatcmpl")
+    pieces = stream.text_pieces()
 
     def chunk(update: SequenceUpdate) -> ChatCompletionChunk:
-        top = update.top_logprobs if top_asked else None
+        logprobs = None
+        if stream.logprobs:
+            top = stream.top_logprobs(update)
+            logprobs = chat_logprobs(stream.state, update.token_ids, update.logprobs, top)
         choice = ChatChunkChoice(
             index=update.index,
             delta=ChatDelta(content=pieces[update.index].push(update)),
-            logprobs=chat_logprobs(state, update.token_ids, update.logprobs, top)
-            if logprobs
-            else None,
+            logprobs=logprobs,
             finish_reason=finish_reason(update.finish_reason),
             token_ids=update.token_ids,
         )
@@ -151,43 +163,32 @@ def chat_events(
     def usage_chunk(totals: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(**base, choices=[], usage=totals)
 
+    role = ChatDelta(role="assistant", content="")
     opening = [
-        ChatCompletionChunk(
-            **base,
-            choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))],
-        )
-        for i in range(len(todo))
+        ChatCompletionChunk(**base, choices=[ChatChunkChoice(index=i, delta=role)])
+        for i in range(len(stream.todo))
     ]
-    usage_or_none = usage_chunk if include_usage else None
-    return _events(request, state, todo, opening, chunk, usage_or_none, prompt_tokens)
+    return _events(stream, opening, chunk, usage_chunk)
 
 
-def completion_events(
-    request: Request,
-    state: ServerState,
-    todo: list[Sequence],
-    model: str,
-    prompt_tokens: int,
-    logprobs: bool,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    """The chunks of a streamed completion of ``todo``."""
-    base: dict[str, Any] = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time())}
-    base["model"] = model
-    pieces = _text_pieces(state, todo)
-    top_asked = bool(todo[0].params.top_logprobs)
+def completion_events(stream: StreamedRequest) -> AsyncIterator[bytes]:
+    """The chunks of a streamed completion (every prompt's ``n`` choices)."""
+    base = stream.header("cmpl")
+    pieces = stream.text_pieces()
 
     def chunk(update: SequenceUpdate) -> CompletionChunk:
         text = pieces[update.index]
-        lp = None
-        if logprobs:
-            top = update.top_logprobs if top_asked else None
-            lp = completion_logprobs(state, update.token_ids, update.logprobs, top, text.offset)
-            text.offset += sum(len(token) for token in lp.tokens)
+        logprobs = None
+        if stream.logprobs:
+            top = stream.top_logprobs(update)
+            logprobs = completion_logprobs(
+                stream.state, update.token_ids, update.logprobs, top, text.offset
+            )
+            text.offset += sum(len(token) for token in logprobs.tokens)
         choice = CompletionChunkChoice(
             index=update.index,
             text=text.push(update),
-            logprobs=lp,
+            logprobs=logprobs,
             finish_reason=finish_reason(update.finish_reason),
             token_ids=update.token_ids,
         )
@@ -196,5 +197,4 @@ def completion_events(
     def usage_chunk(totals: Usage) -> CompletionChunk:
         return CompletionChunk(**base, choices=[], usage=totals)
 
-    usage_or_none = usage_chunk if include_usage else None
-    return _events(request, state, todo, [], chunk, usage_or_none, prompt_tokens)
+    return _events(stream, [], chunk, usage_chunk)
