@@ -275,7 +275,6 @@ class ErrorResponse(BaseModel):
 # ---------------------------------------------------------------------------------------
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
-INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1, description="Any int64.")]
 STOP_LIST_MAX = 64
@@ -290,7 +289,7 @@ class StreamOptions(_Body):
 class OpenAISamplingFields(_Body):
     """Settings shared by the OpenAI-style requests."""
 
-    model: str = Field(description="A served model name (see GET /v1/models).")
+    model: Name = Field(description="A served model name (see GET /v1/models).")
     n: int = Field(default=1, ge=1, le=128, description="Choices to generate per prompt.")
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
@@ -526,7 +525,7 @@ class GenerateResponse(BaseModel):
 class UpdateWeightsRequest(_Body):
     """``POST /update_weights_from_disk`` (SGLang's shape): a local transformers folder."""
 
-    model_path: str = Field(min_length=1)
+    model_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
 
 
 class UpdateWeightsResponse(BaseModel):
@@ -538,8 +537,8 @@ class UpdateWeightsResponse(BaseModel):
 class LoadLoraRequest(_Body):
     """``POST /v1/load_lora_adapter`` (vLLM's shape): serve a PEFT adapter under a name."""
 
-    lora_name: str = Field(min_length=1)
-    lora_path: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    lora_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
 
 
 class InferenceHealthResponse(BaseModel):
