@@ -23,9 +23,15 @@ arrays packed as little-endian bytes (see ``atroposlib.codec``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from atroposlib.bounds import INT32_MAX as INT32_MAX
 from atroposlib.bounds import MAX_NAME_CHARS as MAX_NAME_CHARS
@@ -225,21 +231,35 @@ class ErrorResponse(BaseModel):
 # ---------------------------------------------------------------------------------------
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1, description="Any int64.")]
+STOP_LIST_MAX = 64
+Stop = str | TokenId | Annotated[list[str | TokenId], Field(max_length=STOP_LIST_MAX)]
+"""Stop strings, token ids (as Atropos environments send ``[eos_token_id]``), or a mix."""
+
+
+class StreamOptions(_Body):
+    include_usage: bool = Field(default=False, description="Send a last chunk with usage.")
 
 
 class OpenAISamplingFields(_Body):
     """Settings shared by the OpenAI-style requests."""
 
-    model: str = Field(description="A served model name (see GET /v1/models).")
+    model: Name = Field(description="A served model name (see GET /v1/models).")
     n: int = Field(default=1, ge=1, le=128, description="Choices to generate per prompt.")
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1, description="vLLM extension; -1 or 0: off.")
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="vLLM extension; 0: off.")
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(default=-1, ge=-1, le=INT32_MAX, description="vLLM extension; -1 or 0: off.")
+    min_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="vLLM extension; 0: off."
+    )
+    stop: Stop | None = None
+    seed: Seed | None = None
     stream: bool = False
-    stop_token_ids: list[int] | None = Field(default=None, description="vLLM extension.")
+    stream_options: StreamOptions | None = None
+    stop_token_ids: list[TokenId] | None = Field(
+        default=None, max_length=STOP_LIST_MAX, description="vLLM extension."
+    )
     ignore_eos: bool = Field(default=False, description="vLLM extension: run to max_tokens.")
 
 
@@ -247,7 +267,7 @@ class CompletionRequest(OpenAISamplingFields):
     """``POST /v1/completions``; ``prompt`` may be text or token ids, one or a list."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=1, le=INT32_MAX)
     logprobs: int | None = Field(default=None, ge=0, le=20, description="Top logprobs per token.")
     echo: bool = False
 
@@ -263,8 +283,8 @@ class ChatCompletionRequest(OpenAISamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
@@ -336,6 +356,61 @@ class ChatCompletionResponse(BaseModel):
     prompt_token_ids: list[int] | None = Field(default=None, description="Our extension.")
 
 
+class ChatDelta(BaseModel):
+    """What a chunk adds to a choice's message; absent keys are left out, as OpenAI does."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = Field(default=None, description="Our extension: new ids.")
+
+
+class ChatCompletionChunk(BaseModel):
+    """One ``data:`` event of a streamed chat completion (``stream: true``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = Field(default=None, description="Our extension: new ids.")
+
+
+class CompletionChunk(BaseModel):
+    """One ``data:`` event of a streamed completion (``stream: true``)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class StreamError(BaseModel):
+    """The last ``data:`` event of a stream that failed after it started."""
+
+    error: dict[str, Any]
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -353,17 +428,17 @@ class ModelList(BaseModel):
 class GenerateSamplingParams(_Body):
     """``sampling_params`` of SGLang's ``POST /generate``."""
 
-    max_new_tokens: int = Field(default=128, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1, le=INT32_MAX)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description="0: greedy")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1, description="-1 or 0: off.")
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="0: off.")
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(default=-1, ge=-1, le=INT32_MAX, description="-1 or 0: off.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="0: off.")
+    stop: Stop | None = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=STOP_LIST_MAX)
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=128)
-    seed: int | None = Field(default=None, description="Also accepted as sampling_seed.")
-    sampling_seed: int | None = None
+    seed: Seed | None = Field(default=None, description="Also accepted as sampling_seed.")
+    sampling_seed: Seed | None = None
 
 
 class GenerateRequest(_Body):
@@ -406,7 +481,7 @@ class GenerateResponse(BaseModel):
 class UpdateWeightsRequest(_Body):
     """``POST /update_weights_from_disk`` (SGLang's shape): a local transformers folder."""
 
-    model_path: str = Field(min_length=1)
+    model_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
 
 
 class UpdateWeightsResponse(BaseModel):
@@ -418,11 +493,20 @@ class UpdateWeightsResponse(BaseModel):
 class LoadLoraRequest(_Body):
     """``POST /v1/load_lora_adapter`` (vLLM's shape): serve a PEFT adapter under a name."""
 
-    lora_name: str = Field(min_length=1)
-    lora_path: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    lora_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
 
 
 class InferenceHealthResponse(BaseModel):
+    """``GET /health`` of the embedded server; the counts are taken after the last step."""
+
     status: Literal["ok"] = "ok"
     model: str
     weight_version: int
+    requests_running: int = Field(default=0, description="Requests with rows in the batch.")
+    requests_waiting: int = Field(default=0, description="Requests with no row in the batch.")
+    sequences_running: int = 0
+    sequences_waiting: int = 0
+    decode_steps: int = Field(default=0, description="Decode steps since the server started.")
+    preemptions: int = Field(default=0, description="Rows paused for a fairer share (resumed).")
+    cancelled_requests: int = Field(default=0, description="Requests whose client left.")

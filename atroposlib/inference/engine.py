@@ -74,15 +74,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, rows: list[Sequence]) -> ActiveBatch:
-        """Run the prompts of ``rows`` (left-padded) and sample each row's first token.
+        """Run the contexts of ``rows`` (left-padded) and sample each row's next token.
 
-        A prompt shared by several rows (``n > 1``) is run once; its cache is copied per row.
+        A new row's context is its prompt; a preempted row resumes from its prompt plus the
+        tokens it already has. A context shared by several rows (``n > 1``) is run once;
+        its cache is copied per row.
         """
         unique: dict[tuple[int, ...], int] = {}
-        for row in rows:
+        contexts = [tuple(row.context_ids) for row in rows]
+        for row, context in zip(rows, contexts, strict=True):
             if row.params.seed is not None and row.generator is None:
                 row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
-            unique.setdefault(tuple(row.prompt_ids), len(unique))
+            unique.setdefault(context, len(unique))
         prompts = list(unique)
         width = max(len(prompt) for prompt in prompts)
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -103,9 +106,7 @@ class ModelRunner:
         )
         logits = out.logits[:, -1, :]  # (unique prompts, V)
         if len(prompts) < len(rows):
-            source = torch.tensor(
-                [unique[tuple(row.prompt_ids)] for row in rows], device=ids.device
-            )
+            source = torch.tensor([unique[context] for context in contexts], device=ids.device)
             cache.batch_select_indices(source)
             mask, logits = mask[source], logits[source]
         first = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
