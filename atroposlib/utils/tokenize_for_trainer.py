@@ -12,6 +12,8 @@ from atroposlib.type_definitions import Message
 logger = logging.getLogger(__name__)
 
 TRAINED_ROLES = ("assistant", "agent")
+UNMASKED_ROLES = list(TRAINED_ROLES)
+"""Atropos 0.4's name for the roles trained by default."""
 
 
 def _template(tokenizer: Any, chat: Sequence[Message], *, generation_prompt: bool) -> list[int]:
