@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from atroposlib.envs import checkpointing
@@ -27,18 +27,33 @@ from atroposlib.envs.groups import (
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
+    ReasoningConfig,
     ServerBaseline,
 )
-from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
-from atroposlib.type_definitions import Item
+from atroposlib.type_definitions import Item, Message
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BaseEnv", "BaseEnvConfig", "EvalHandlingEnum", "ScoredDataGroup", "ScoredDataItem"]
+__all__ = [
+    "APIServer",
+    "APIServerConfig",
+    "BaseEnv",
+    "BaseEnvConfig",
+    "EvalHandlingEnum",
+    "Item",
+    "Message",
+    "ReasoningConfig",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "ServerBaseline",
+    "ServerManager",
+    "ServerManagerConfig",
+]
 
 Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None
 
@@ -57,7 +72,11 @@ class BaseEnv(ABC):
     ) -> None:
         self.config = config
         self.server = ServerManager(
-            server_configs, server_class=self.server_cls, slurm=slurm, testing=testing
+            server_configs,
+            server_class=self.server_cls,
+            slurm=slurm,
+            testing=testing,
+            reasoning_config=ReasoningConfig.from_env_config(config),
         )
         self.max_num_workers = config.max_num_workers
         if self.max_num_workers == -1:
@@ -78,7 +97,10 @@ class BaseEnv(ABC):
         self.tracker: Tracker = NullTracker()
         self.rollouts_for_wandb: list[list[tuple[Any, float]]] = []
         self._submit: Callable[[dict[str, Any]], None] | None = None
+        self._on_step: Callable[[int], Awaitable[None]] | None = None
         self._tokenizer: Any = None
+        self.status_dict: dict[str, Any] = {}
+        """The last ``/status-env`` answer (``current_step``, ``queue_size``, ...)."""
 
     # ---- what subclasses implement ---------------------------------------------------
 
@@ -207,6 +229,20 @@ class BaseEnv(ABC):
             await self.add_rollouts_for_wandb(group, item)
             if do_send_to_api and self._submit is not None:
                 self._submit(group)
+
+    def perf_stats(self, metrics_dict: dict[str, Any]) -> dict[str, Any]:
+        """Add the rollout timings since the last log (``perf/...``) to ``metrics_dict``."""
+        metrics_dict.update(self.perf.drain())
+        return metrics_dict
+
+    async def env_step_checks(self) -> None:
+        """Called by ``serve`` after each ``/status-env``; starts evals, saves checkpoints and
+        logs when the trainer's step moved. Override to add your own (call super)."""
+        step = int(self.status_dict.get("current_step", self.curr_step))
+        if self._on_step is not None:
+            await self._on_step(step)
+        else:
+            self.curr_step = step
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
         """Log ``wandb_metrics`` and the env's own: lengths, scores, rollouts, timings, servers."""

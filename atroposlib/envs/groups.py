@@ -24,6 +24,10 @@ class ScoredDataGroup(TypedDict):
     group_overrides: NotRequired[dict[str, Any] | None]
     overrides: NotRequired[list[dict[str, Any]] | None]
     images: NotRequired[Any | None]
+    distill_token_ids: NotRequired[list[list[list[int]]] | None]
+    """On-policy distillation: teacher top-k token ids, ``[sequence][position][k]``."""
+    distill_logprobs: NotRequired[list[list[list[float]]] | None]
+    """The teacher's logprobs of ``distill_token_ids``, same shape."""
 
 
 class ScoredDataItem(TypedDict):
@@ -39,9 +43,14 @@ class ScoredDataItem(TypedDict):
     group_overrides: NotRequired[dict[str, Any] | None]
     overrides: NotRequired[dict[str, Any] | None]
     images: NotRequired[Any | None]
+    distill_token_ids: NotRequired[list[list[int]] | None]
+    distill_logprobs: NotRequired[list[list[float]] | None]
 
 
-_PER_SEQUENCE_FIELDS = ("advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides")
+_PER_SEQUENCE_FIELDS = (
+    "advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides",
+    "distill_token_ids", "distill_logprobs",
+)  # fmt: skip
 _PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
 
 
