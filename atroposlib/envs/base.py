@@ -56,6 +56,10 @@ __all__ = [
 ]
 
 Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None
+ATROPOS_NULL_KEYS = (
+    "ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs",
+)  # fmt: skip
+"""Keys Atropos 0.4 always wrote (null when the env set none), in JSONL and to the broker."""
 
 
 class BaseEnv(ABC):
@@ -99,6 +103,7 @@ class BaseEnv(ABC):
         self._submit: Callable[[dict[str, Any]], None] | None = None
         self._on_step: Callable[[int], Awaitable[None]] | None = None
         self._tokenizer: Any = None
+        self.last_failure: str | None = None
         self.status_dict: dict[str, Any] = {}
         """The last ``/status-env`` answer (``current_step``, ``queue_size``, ...)."""
 
@@ -323,52 +328,62 @@ class BaseEnv(ABC):
     async def run_item(
         self, item: Item, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
-        """Roll out ``item`` and return the groups fit to send; failures are logged and counted."""
+        """Roll out ``item`` and return the groups fit to send; failures are logged and counted
+        (``last_failure`` says why the last item gave nothing)."""
         started = time.perf_counter()
+        self.last_failure = None
         try:
             trajectories, extra = await self.collect_trajectories(item)
-            self.backlog.extend(extra)
+            self.backlog.extend(extra or [])
             trajectories = await self.postprocess_histories(trajectories)
         except InferenceUnavailableError as exc:
             logger.warning("rollout postponed, inference unavailable: %s", exc)
             self.backlog.append(item)
             self.perf.record(time.perf_counter() - started, ok=False)
+            self.last_failure = f"inference unavailable: {exc}"
             return []
-        except Exception:
+        except Exception as exc:
             logger.exception("rollout of item failed in %s", type(self).__name__)
             self.perf.record(time.perf_counter() - started, ok=False)
+            self.last_failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
             return []
         finally:
             await self.cleanup()
-        groups = self.accept_groups(trajectories, max_token_len=max_token_len)
+        groups = self.accept_groups(trajectories, max_token_len=max_token_len, item=item)
         for group in groups:
             await self.add_rollouts_for_wandb(group, item)
+        if not groups and self.last_failure is None:
+            self.last_failure = "collect_trajectories returned no group"
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
         return groups
 
     def accept_groups(
-        self, trajectories: Trajectories, *, max_token_len: int | None = None
+        self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None
     ) -> list[dict[str, Any]]:
-        """Validate groups; each rejection is logged with its reason and counted."""
+        """Validate groups; each rejection (a malformed group included) is logged with its
+        reason and the item, counted, and skipped. Accepted groups carry Atropos's keys."""
         if trajectories is None:
             return []
-        candidates = [trajectories] if isinstance(trajectories, dict) else list(trajectories)
+        if isinstance(trajectories, dict):
+            candidates: list[Any] = [trajectories]
+        elif isinstance(trajectories, list | tuple):
+            candidates = list(trajectories)
+        else:
+            candidates = [trajectories]
         limit = self.max_token_len if max_token_len is None else max_token_len
         accepted: list[dict[str, Any]] = []
         for group in candidates:
             if group is None:
                 continue
-            reason = group_rejection_reason(
-                group,
-                group_size=self.config.group_size,
-                max_token_len=limit,
-                ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
-            )
+            reason = self._rejection(group, limit)
             if reason is not None:
-                logger.warning("group not sent: %s", reason)
+                logger.warning("group not sent: %s (item: %.300r)", reason, item)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
+                self.last_failure = f"group rejected: {reason}"
                 continue
             payload: dict[str, Any] = dict(group)
+            for key in ATROPOS_NULL_KEYS:
+                payload.setdefault(key, None)
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
                 payload["messages"] = [
                     [{"role": "assistant", "content": self._tokenizer.decode(seq)}]
@@ -378,6 +393,19 @@ class BaseEnv(ABC):
             self.items_sent_this_step += 1
             accepted.append(payload)
         return accepted
+
+    def _rejection(self, group: Any, max_token_len: int) -> str | None:
+        if not isinstance(group, dict):
+            return f"malformed group: a {type(group).__name__}, not a dict"
+        try:
+            return group_rejection_reason(
+                group,
+                group_size=self.config.group_size,
+                max_token_len=max_token_len,
+                ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            return f"malformed group: {type(exc).__name__}: {exc}"
 
     async def run_evaluate(self) -> None:
         try:

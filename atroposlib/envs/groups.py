@@ -102,7 +102,9 @@ def group_rejection_reason(
     masks = group.get("masks")
     scores = group.get("scores")
     if not isinstance(tokens, list) or not isinstance(masks, list) or not isinstance(scores, list):
-        return "tokens, masks and scores must all be lists"
+        return "malformed group: tokens, masks and scores must all be lists"
+    if not all(isinstance(row, list) for row in (*tokens, *masks)):
+        return "malformed group: every tokens and masks entry must be a list of ints"
     expected = expected_group_size(group, group_size)
     if len(tokens) != expected:
         return f"group has {len(tokens)} sequences, expected group_size {expected}"
