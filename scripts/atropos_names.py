@@ -157,6 +157,8 @@ def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
     """Statements at module level, looking inside ``if``/``try`` blocks."""
     out: list[ast.stmt] = []
     for node in body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            continue
         if isinstance(node, ast.If):
             out += _top_level(node.body) + _top_level(node.orelse)
         elif isinstance(node, ast.Try):

@@ -17,6 +17,7 @@ from typing import Any
 
 from atroposlib.envs import checkpointing
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
+from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.evaluation import write_eval_results
 from atroposlib.envs.groups import (
     ScoredDataGroup,
@@ -35,11 +36,17 @@ from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
-from atroposlib.type_definitions import Item, Message
+from atroposlib.type_definitions import UUID, Item, Message
+from atroposlib.utils.io import parse_http_response
+from atroposlib.utils.metrics import get_std_min_max_avg
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ENV_NAMESPACE",
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "UUID",
     "APIServer",
     "APIServerConfig",
     "BaseEnv",
@@ -53,6 +60,8 @@ __all__ = [
     "ServerBaseline",
     "ServerManager",
     "ServerManagerConfig",
+    "get_std_min_max_avg",
+    "parse_http_response",
 ]
 
 Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None

@@ -23,16 +23,32 @@ from typing import Any
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup, Trajectories
+from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ServerBaseline,
     tokenizer_name_of,
 )
-from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.errors import ConfigError
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ENV_NAMESPACE",
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "APIServerConfig",
+    "BaseEnv",
+    "BaseEnvConfig",
+    "ScoredDataGroup",
+    "ServerBaseline",
+    "ServerManager",
+    "ServerManagerConfig",
+    "TeacherDistillationConfig",
+    "TeacherDistillationEnv",
+]
 
 TeacherConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
 

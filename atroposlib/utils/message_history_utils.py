@@ -10,7 +10,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from atroposlib.envs.groups import ScoredDataGroup
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+
+__all__ = [
+    "ScoredDataGroup",
+    "ensure_trajectory_token_limit",
+    "strip_thinking",
+    "truncate_thinking",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -22,13 +22,19 @@ from openai.types.chat import ChatCompletion
 
 from atroposlib.envs.server_handling import managed
 from atroposlib.envs.server_handling.managed import SequenceNode
+from atroposlib.envs.server_handling.server_baseline import APIServer
 from atroposlib.errors import ConfigError
 
 if TYPE_CHECKING:
-    from atroposlib.envs.server_handling.server_baseline import APIServer
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
-__all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]
+__all__ = [
+    "APIServer",
+    "DummyManagedServer",
+    "ManagedServer",
+    "ManagedServerAdapter",
+    "SequenceNode",
+]
 
 ALLOW_DUMMY_VARIABLE = "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER"
 TOOL_PARSERS = ("hermes",)

@@ -8,7 +8,12 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
-from atroposlib.envs.server_handling.reasoning import inject_reasoning, split_stop
+from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
+from atroposlib.envs.server_handling.reasoning import (
+    ReasoningConfig,
+    inject_reasoning,
+    split_stop,
+)
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -17,8 +22,11 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.errors import InferenceError
 
 __all__ = [
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
     "APIServerConfig",
     "OpenAIServer",
+    "ReasoningConfig",
     "ServerBaseline",
     "request_body",
 ]

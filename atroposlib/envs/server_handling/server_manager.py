@@ -17,6 +17,11 @@ from pydantic import BaseModel, Field
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.dedicated import DedicatedServer
 from atroposlib.envs.server_handling.harness import ServerHarness
+from atroposlib.envs.server_handling.managed_server import (
+    DummyManagedServer,
+    ManagedServer,
+    dummy_or_refuse,
+)
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.server_baseline import (
@@ -49,6 +54,9 @@ BACKENDS: dict[str, type[APIServer]] = {
 __all__ = [
     "APIServer",
     "APIServerConfig",
+    "DummyManagedServer",
+    "ManagedServer",
+    "ReasoningConfig",
     "ServerBaseline",
     "ServerManager",
     "ServerManagerConfig",
@@ -253,15 +261,13 @@ class ServerManager:
         Servers without token ids (``server_type: openai``) give placeholder nodes when
         ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1`` (evaluation only), as in Atropos 0.4.
         """
-        from atroposlib.envs.server_handling import managed_server as compat
-
         pool = [s for s in self.servers if not base_url or s.config.base_url == base_url]
         if not pool:
             raise ConfigError(f"managed_server(base_url={base_url!r}): no such server")
         if not any(s.supports_token_ids for s in pool):
-            managed: Any = compat.dummy_or_refuse(self, pool[0])
+            managed: Any = dummy_or_refuse(self, pool[0])
         else:
-            managed = compat.ManagedServer(
+            managed = ManagedServer(
                 self if not base_url else _Pinned(self, pool),
                 tokenizer=tokenizer or self._default_tokenizer(),
                 tool_parser=self.tool_parser,

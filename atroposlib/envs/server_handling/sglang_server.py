@@ -4,11 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.reasoning import split_stop
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    GeneratedSequence,
+    ReasoningConfig,
+)
 from atroposlib.errors import InferenceError
 
+__all__ = [
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "APIServer",
+    "APIServerConfig",
+    "EmbeddedServer",
+    "ReasoningConfig",
+    "SGLangServer",
+    "parse_input_logprobs",
+    "parse_sglang_output",
+    "sglang_sampling_params",
+]
 _SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens"}
 _PASSED_KEYS = ("temperature", "top_p", "top_k", "stop", "min_p", "seed", "stop_token_ids")
 

@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    GeneratedSequence,
+    ReasoningConfig,
+)
 from atroposlib.errors import InferenceError
 
+__all__ = [
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "APIServer",
+    "APIServerConfig",
+    "ReasoningConfig",
+    "VLLMServer",
+    "parse_prompt_logprobs",
+    "parse_vllm_choice",
+]
 _TOKEN_PREFIX = "token_id:"
 
 
