@@ -62,18 +62,18 @@ def _array(x: Any, dtype: type) -> np.ndarray:
     return np.asarray(x, dtype=dtype).reshape(-1)
 
 
-def _distill_rows(group: Mapping[str, Any], i: int, length: int) -> tuple[Any, Any]:
+def _distill_rows(group: Mapping[str, Any], i: int, length: int) -> dict[str, Any]:
     """Sequence i's teacher top-k as (L, K) arrays (ids -1 where a position has fewer)."""
     ids, logprobs = group.get("distill_token_ids"), group.get("distill_logprobs")
     if ids is None or logprobs is None or ids[i] is None or logprobs[i] is None:
-        return None, None
+        return {}
     k = max((len(row) for row in ids[i]), default=0)
     out_ids = np.full((length, max(k, 1)), -1, np.int64)
     out_lp = np.zeros((length, max(k, 1)), np.float32)
     for position, (row_ids, row_lp) in enumerate(zip(ids[i], logprobs[i], strict=True)):
         out_ids[position, : len(row_ids)] = row_ids
         out_lp[position, : len(row_lp)] = row_lp
-    return out_ids, out_lp
+    return {"distill_ids": out_ids, "distill_logprobs": out_lp}
 
 
 def _per_seq(group: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
@@ -123,11 +123,9 @@ def batch_to_samples(
                 if given_adv is not None and given_adv[i] is not None
                 else np.zeros_like(tokens, dtype=np.float32)
             )
-            distill_ids, distill_lp = _distill_rows(group, i, len(tokens))
             samples.append(
                 Sample(
-                    distill_ids=distill_ids,
-                    distill_logprobs=distill_lp,
+                    **_distill_rows(group, i, len(tokens)),
                     tokens=tokens,
                     labels=_array(group["masks"][i], np.int64),
                     advantages=adv,

@@ -242,9 +242,8 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 ref_logp = mb.ref_logprobs
                 if ref_logp is None and cfg.loss.kl_coef > 0:
                     ref_logp = reference_logprobs(model, ref_model, mb)
-                distill = distill_inputs(model, mb, cfg)
                 x = LossInputs(
-                    **distill,
+                    **distill_inputs(model, mb, cfg),
                     logp=logp,
                     entropy=entropy,
                     mask=mb.mask * (0.0 if dummy else 1.0),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import json
 import sys
 from collections import defaultdict
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atropos_names import SourceTree
+from atropos_names import SourceTree, our_object
 
 BASE = "atroposlib.envs.base"
 MANAGER = "atroposlib.envs.server_handling.server_manager"
@@ -39,21 +38,6 @@ class Use:
     file: str
     atropos: bool
     ours: bool
-
-
-def our_object(module: str, name: str | None) -> tuple[bool, Any]:
-    try:
-        loaded = importlib.import_module(module)
-    except Exception:
-        return False, None
-    if name is None:
-        return True, loaded
-    if hasattr(loaded, name):
-        return True, getattr(loaded, name)
-    try:
-        return True, importlib.import_module(f"{module}.{name}")
-    except Exception:
-        return False, None
 
 
 def has_member(obj: Any, name: str) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import inspect
 import json
 import subprocess
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atropos_names import SourceTree
+from atropos_names import SourceTree, our_object
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "docs" / "atropos-compat.json"
@@ -103,21 +102,6 @@ def refresh(wheel: Path | None, repo: Path | None) -> None:
 # ---- checking ours ---------------------------------------------------------------------------
 
 
-def our_object(module: str, name: str | None = None) -> tuple[bool, Any]:
-    try:
-        loaded = importlib.import_module(module)
-    except Exception:
-        return False, None
-    if name is None:
-        return True, loaded
-    if hasattr(loaded, name):
-        return True, getattr(loaded, name)
-    try:
-        return True, importlib.import_module(f"{module}.{name}")
-    except Exception:
-        return False, None
-
-
 def our_members(cls: type) -> set[str]:
     """Class attributes, pydantic fields, and ``self.x`` assigned in the class's code."""
     found: set[str] = set(getattr(cls, "model_fields", {}) or {})
@@ -128,8 +112,12 @@ def our_members(cls: type) -> set[str]:
         except (OSError, TypeError):
             continue
         for node in ast.walk(ast.parse(source.strip() if source.startswith(" ") else source)):
-            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
                 found.add(node.attr)  # fmt: skip
     return found
 

@@ -8,9 +8,11 @@ source with ``ast`` only; nothing of the analysed tree is imported or copied.
 from __future__ import annotations
 
 import ast
+import importlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 SCOPE = ("atroposlib.envs", "atroposlib.utils", "atroposlib.type_definitions")
 """The packages the compatibility report covers (env authors' API)."""
@@ -127,8 +129,12 @@ class SourceTree:
                 targets = item.targets if isinstance(item, ast.Assign) else [item.target]
                 members |= {t.id for t in targets if isinstance(t, ast.Name)}
         for sub in ast.walk(node):
-            if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
-                    and isinstance(sub.value, ast.Name) and sub.value.id == "self"):
+            if (
+                isinstance(sub, ast.Attribute)
+                and isinstance(sub.ctx, ast.Store)
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "self"
+            ):
                 members.add(sub.attr)  # fmt: skip
         assert found is not None
         for base in node.bases:
@@ -151,6 +157,23 @@ class SourceTree:
             ):
                 return self.definition(found[0], node.value.func.id)  # fmt: skip
         return None
+
+
+def our_object(module: str, name: str | None = None) -> tuple[bool, Any]:
+    """Whether ``from module import name`` works on the installed (our) atroposlib, and what
+    it gives."""
+    try:
+        loaded = importlib.import_module(module)
+    except Exception:
+        return False, None
+    if name is None:
+        return True, loaded
+    if hasattr(loaded, name):
+        return True, getattr(loaded, name)
+    try:
+        return True, importlib.import_module(f"{module}.{name}")
+    except Exception:
+        return False, None
 
 
 def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:

@@ -7,22 +7,27 @@ get the manager's retries and circuit breaker, but never move to another server.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from atroposlib.envs.server_handling.server_baseline import APIServer, GeneratedSequence
 
-if TYPE_CHECKING:
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+class PinnedCaller(Protocol):
+    """What a dedicated server needs of its manager (``ServerManager.call_on``)."""
+
+    async def call_on(
+        self, split: str, op: Callable[[APIServer], Awaitable[Any]], servers: Sequence[APIServer]
+    ) -> Any: ...
 
 
 class DedicatedServer:
     """The calls of an ``APIServer``, sent to one server through the manager."""
 
-    def __init__(self, manager: ServerManager, server: APIServer) -> None:
+    def __init__(self, manager: PinnedCaller, server: APIServer) -> None:
         self.manager = manager
         self.server = server
 

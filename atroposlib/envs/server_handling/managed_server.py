@@ -15,7 +15,7 @@ import os
 import re
 import uuid
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -24,9 +24,6 @@ from atroposlib.envs.server_handling import managed
 from atroposlib.envs.server_handling.managed import SequenceNode
 from atroposlib.envs.server_handling.server_baseline import APIServer
 from atroposlib.errors import ConfigError
-
-if TYPE_CHECKING:
-    from atroposlib.envs.server_handling.server_manager import ServerManager
 
 __all__ = [
     "APIServer",
@@ -243,7 +240,7 @@ class TokenIdsUnavailableError(ConfigError, NotImplementedError):
     """managed_server() on a server without token ids (Atropos raised NotImplementedError)."""
 
 
-def dummy_or_refuse(manager: ServerManager, server: APIServer) -> DummyManagedServer:
+def dummy_or_refuse(manager: Any, server: APIServer) -> DummyManagedServer:
     """The placeholder managed server when ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER`` is set."""
     if os.environ.get(ALLOW_DUMMY_VARIABLE, "").lower() not in ("1", "true", "yes"):
         raise TokenIdsUnavailableError(
