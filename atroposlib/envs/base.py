@@ -338,9 +338,9 @@ class BaseEnv(ABC):
         self, item: Item, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
         """Roll out ``item`` and return the groups fit to send; failures are logged and counted
-        (``last_failure`` says why the last item gave nothing)."""
+        (``last_failure`` says why, set just before returning: safe with concurrent items)."""
         started = time.perf_counter()
-        self.last_failure = None
+        failure: str | None = None
         try:
             trajectories, extra = await self.collect_trajectories(item)
             self.backlog.extend(extra or [])
@@ -348,22 +348,20 @@ class BaseEnv(ABC):
         except InferenceUnavailableError as exc:
             logger.warning("rollout postponed, inference unavailable: %s", exc)
             self.backlog.append(item)
-            self.perf.record(time.perf_counter() - started, ok=False)
-            self.last_failure = f"inference unavailable: {exc}"
-            return []
+            trajectories, failure = None, f"inference unavailable: {exc}"
         except Exception as exc:
             logger.exception("rollout of item failed in %s", type(self).__name__)
-            self.perf.record(time.perf_counter() - started, ok=False)
-            self.last_failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
-            return []
+            trajectories = None
+            failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
         finally:
             await self.cleanup()
+        self.last_failure = None
         groups = self.accept_groups(trajectories, max_token_len=max_token_len, item=item)
+        failure = failure or self.last_failure
         for group in groups:
             await self.add_rollouts_for_wandb(group, item)
-        if not groups and self.last_failure is None:
-            self.last_failure = "collect_trajectories returned no group"
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
+        self.last_failure = None if groups else failure or "collect_trajectories gave no group"
         return groups
 
     def accept_groups(
