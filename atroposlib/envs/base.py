@@ -39,6 +39,7 @@ from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import UUID, Item, Message
 from atroposlib.utils.io import parse_http_response
 from atroposlib.utils.metrics import get_std_min_max_avg
+from atroposlib.utils.tokenize_for_trainer import with_list_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ class BaseEnv(ABC):
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+            tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+            self._tokenizer = with_list_chat_template(tokenizer)
         return self._tokenizer
 
     @tokenizer.setter
