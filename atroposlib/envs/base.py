@@ -370,7 +370,9 @@ class BaseEnv(ABC):
         self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None
     ) -> list[dict[str, Any]]:
         """Validate groups; each rejection (a malformed group included) is logged with its
-        reason and the item, counted, and skipped. Accepted groups carry Atropos's keys."""
+        reason and the item, counted, and skipped. Accepted groups carry Atropos's keys.
+        ``max_token_len=-1`` (``process``) accepts any length and groups with nothing to train,
+        as Atropos wrote them."""
         if trajectories is None:
             return []
         if isinstance(trajectories, dict):
@@ -384,7 +386,7 @@ class BaseEnv(ABC):
         for group in candidates:
             if group is None:
                 continue
-            reason = self._rejection(group, limit)
+            reason = self._rejection(group, limit, require_trained=max_token_len != -1)
             if reason is not None:
                 logger.warning("group not sent: %s (item: %.300r)", reason, item)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
@@ -403,7 +405,7 @@ class BaseEnv(ABC):
             accepted.append(payload)
         return accepted
 
-    def _rejection(self, group: Any, max_token_len: int) -> str | None:
+    def _rejection(self, group: Any, max_token_len: int, require_trained: bool) -> str | None:
         if not isinstance(group, dict):
             return f"malformed group: a {type(group).__name__}, not a dict"
         try:
@@ -412,6 +414,7 @@ class BaseEnv(ABC):
                 group_size=self.config.group_size,
                 max_token_len=max_token_len,
                 ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
+                require_trained_tokens=require_trained,
             )
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             return f"malformed group: {type(exc).__name__}: {exc}"

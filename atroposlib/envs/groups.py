@@ -88,8 +88,12 @@ def group_rejection_reason(
     group_size: int,
     max_token_len: int,
     ensure_scores_are_not_same: bool,
+    require_trained_tokens: bool = True,
 ) -> str | None:
     """Why this group must not be sent, or ``None`` when it is fine.
+
+    ``require_trained_tokens=False`` (``process``, as Atropos wrote them) keeps groups whose
+    every position is masked.
 
     ``max_token_len <= 0`` means the trainer accepts any length.
 
@@ -130,6 +134,6 @@ def group_rejection_reason(
         longest = max((len(seq) for seq in tokens), default=0)
         if longest > max_token_len:
             return f"a sequence has {longest} tokens, over max_token_len {max_token_len}"
-    if all(all(m == MASK_IGNORE_INDEX for m in row) for row in masks):
+    if require_trained_tokens and all(all(m == MASK_IGNORE_INDEX for m in row) for row in masks):
         return "every position is masked (-100): nothing to train on"
     return None

@@ -111,6 +111,15 @@ async def test_malformed_groups_are_logged_with_their_item_and_skipped(
     assert len(rejected) == 3 and all("malformed group" in m and "'id': 0" in m for m in rejected)
 
 
+async def test_process_writes_groups_with_nothing_to_train_as_atropos_did(tmp_path: Path) -> None:
+    untrainable = {"tokens": [[1, 2], [1, 3]], "masks": [[-100, -100], [-100, -100]],
+                   "scores": [0.0, 1.0]}  # fmt: skip
+    env = make_env(tmp_path, {0: [untrainable]}, items=1, total=1)
+    await modes.process(env)
+    assert rows(tmp_path)[0]["masks"] == untrainable["masks"]
+    assert env.accept_groups(untrainable) == []  # serve still refuses to send it
+
+
 async def test_rows_carry_atropos_keys_with_nulls(tmp_path: Path) -> None:
     env = make_env(tmp_path, {}, items=3, total=2)
     await modes.process(env)
