@@ -85,10 +85,22 @@ class LossConfig(BaseModel):
         "finish_reason=length) out of the loss (DAPO overlong filtering).",
     )
 
+    distill_coef: float = Field(
+        0.0,
+        ge=0,
+        description="On-policy distillation: weight of the per-token reverse KL to the teacher's "
+        "top-k distribution (groups' distill_token_ids/distill_logprobs), added to the loss.",
+    )
+    distill_only: bool = Field(
+        False, description="Train on the distillation loss alone (no GRPO term)."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
         if self.is_mask_low >= self.is_mask_high:
             raise ValueError("loss.is_mask_low must be below loss.is_mask_high; widen the bounds")
+        if self.distill_only and self.distill_coef <= 0:
+            raise ValueError("loss.distill_only needs loss.distill_coef > 0; set the weight too")
         return self
 
 
@@ -244,6 +256,11 @@ class TrainerConfig(LayeredSettings):
                 f"micro_batch_tokens={self.micro_batch_tokens} is below max_token_len="
                 f"{self.max_token_len}, so the longest sequence cannot fit a micro-batch; raise "
                 "--micro_batch_tokens to at least max_token_len"
+            )
+        if self.loss.distill_coef > 0 and self.micro_batching == "packed":
+            raise ValueError(
+                "the distillation loss reads the student's whole vocabulary at each position, "
+                "which packed micro-batches do not compute; set --micro_batching bucketed"
             )
         if self.warmup_steps >= self.num_steps and self.warmup_steps > 0:
             raise ValueError("warmup_steps must be below num_steps; lower --warmup_steps")

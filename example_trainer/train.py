@@ -50,7 +50,12 @@ from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
+from example_trainer.packing import (
+    micro_batch,
+    micro_batch_plan,
+    model_logprobs,
+    student_distill_logprobs,
+)
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
@@ -238,6 +243,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 if ref_logp is None and cfg.loss.kl_coef > 0:
                     ref_logp = reference_logprobs(model, ref_model, mb)
                 x = LossInputs(
+                    **distill_inputs(model, mb, cfg),
                     logp=logp,
                     entropy=entropy,
                     mask=mb.mask * (0.0 if dummy else 1.0),
@@ -279,6 +285,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/is_masked_frac": total["is_masked"] / max(total["tokens"], 1.0),
             "train/ref_kl": total["ref_kl"] / max(total["rl_tokens"], 1.0),
             "train/sft_nll": total["sft_nll"] / max(total["sft_tokens"], 1.0),
+            "train/distill_kl": total["distill_kl"] / max(total["tokens"], 1.0),
             "train/trained_tokens": total["tokens"],
             "train/skipped": float(totals.tokens == 0),
             "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
@@ -356,6 +363,17 @@ def pull_batch(client: BatchSource, patience_s: float) -> Any:
             logger.warning("broker unavailable (%s); retrying in %.0f s", exc, delay)
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+def distill_inputs(model: nn.Module, mb: Any, cfg: TrainerConfig) -> dict[str, torch.Tensor]:
+    """The student's and teacher's top-k logprobs when the batch carries a teacher's."""
+    if cfg.loss.distill_coef <= 0 or mb.distill_ids is None:
+        return {}
+    return {
+        "distill_student": student_distill_logprobs(model, mb),  # (B, T-1, K)
+        "distill_teacher": mb.distill_logprobs,
+        "distill_valid": mb.distill_ids >= 0,
+    }
 
 
 def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -> torch.Tensor:

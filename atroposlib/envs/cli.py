@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
 from atroposlib.errors import ConfigError
 
@@ -53,9 +54,8 @@ def parse_settings(
 ) -> EnvCliSettings:
     from atroposlib.envs.modes import COMMAND_DEFAULTS
 
-    model = settings_model(env_cls.env_config_cls, command)
     defaults = env_cls.config_init()
-    model = settings_model(type(defaults[0]), command)
+    model = settings_model(type(defaults[0]), command, teacher=_has_teacher(env_cls))
     command_defaults = COMMAND_DEFAULTS[command](env_cls)
     try:
         return resolve_settings(model, argv, defaults, command_defaults, environ)
@@ -67,6 +67,21 @@ def parse_settings(
         _fail(str(exc))
 
 
+def _has_teacher(env_cls: type[BaseEnv]) -> bool:
+    return hasattr(env_cls, "teacher_config_init")
+
+
+def _teacher_configs(env_cls: type[BaseEnv], settings: EnvCliSettings) -> Any:
+    """``--teacher.*`` / YAML ``teacher:`` over ``teacher_config_init()``."""
+    given = getattr(settings, "teacher", None)
+    default = env_cls.teacher_config_init()  # type: ignore[attr-defined]
+    if given is None:
+        return default
+    base = default[0] if isinstance(default, list) and default else default
+    base_values = base.model_dump() if base is not None else {}
+    return [APIServerConfig(**{**base_values, **given.model_dump(exclude_unset=True)})]
+
+
 def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
     env_config = settings.env
     if env_config.wandb_name is None and env_cls.name:
@@ -74,6 +89,14 @@ def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
     servers: Any = settings.servers or ([settings.openai] if settings.openai else None)
     if servers is None:
         servers = env_cls.config_init()[1]
+    if _has_teacher(env_cls):
+        return env_cls(  # type: ignore[call-arg]
+            env_config,
+            servers,
+            teacher_server_configs=_teacher_configs(env_cls, settings),
+            slurm=settings.slurm,
+            testing=settings.testing,
+        )
     return env_cls(env_config, servers, slurm=settings.slurm, testing=settings.testing)
 
 

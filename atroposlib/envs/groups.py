@@ -24,6 +24,10 @@ class ScoredDataGroup(TypedDict):
     group_overrides: NotRequired[dict[str, Any] | None]
     overrides: NotRequired[list[dict[str, Any]] | None]
     images: NotRequired[Any | None]
+    distill_token_ids: NotRequired[list[list[list[int]]] | None]
+    """On-policy distillation: teacher top-k token ids, ``[sequence][position][k]``."""
+    distill_logprobs: NotRequired[list[list[list[float]]] | None]
+    """The teacher's logprobs of ``distill_token_ids``, same shape."""
 
 
 class ScoredDataItem(TypedDict):
@@ -39,9 +43,14 @@ class ScoredDataItem(TypedDict):
     group_overrides: NotRequired[dict[str, Any] | None]
     overrides: NotRequired[dict[str, Any] | None]
     images: NotRequired[Any | None]
+    distill_token_ids: NotRequired[list[list[int]] | None]
+    distill_logprobs: NotRequired[list[list[float]] | None]
 
 
-_PER_SEQUENCE_FIELDS = ("advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides")
+_PER_SEQUENCE_FIELDS = (
+    "advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides",
+    "distill_token_ids", "distill_logprobs",
+)  # fmt: skip
 _PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
 
 
@@ -79,8 +88,12 @@ def group_rejection_reason(
     group_size: int,
     max_token_len: int,
     ensure_scores_are_not_same: bool,
+    require_trained_tokens: bool = True,
 ) -> str | None:
     """Why this group must not be sent, or ``None`` when it is fine.
+
+    ``require_trained_tokens=False`` (``process``, as Atropos wrote them) keeps groups whose
+    every position is masked.
 
     ``max_token_len <= 0`` means the trainer accepts any length.
 
@@ -93,7 +106,9 @@ def group_rejection_reason(
     masks = group.get("masks")
     scores = group.get("scores")
     if not isinstance(tokens, list) or not isinstance(masks, list) or not isinstance(scores, list):
-        return "tokens, masks and scores must all be lists"
+        return "malformed group: tokens, masks and scores must all be lists"
+    if not all(isinstance(row, list) for row in (*tokens, *masks)):
+        return "malformed group: every tokens and masks entry must be a list of ints"
     expected = expected_group_size(group, group_size)
     if len(tokens) != expected:
         return f"group has {len(tokens)} sequences, expected group_size {expected}"
@@ -119,6 +134,6 @@ def group_rejection_reason(
         longest = max((len(seq) for seq in tokens), default=0)
         if longest > max_token_len:
             return f"a sequence has {longest} tokens, over max_token_len {max_token_len}"
-    if all(all(m == MASK_IGNORE_INDEX for m in row) for row in masks):
+    if require_trained_tokens and all(all(m == MASK_IGNORE_INDEX for m in row) for row in masks):
         return "every position is masked (-100): nothing to train on"
     return None
