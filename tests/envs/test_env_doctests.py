@@ -12,12 +12,15 @@ MODULES = [
     "atroposlib.envs.stats",
     "atroposlib.envs.reward_fns.registry",
     "atroposlib.envs.reward_fns.builtin",
+    "atroposlib.envs.reward_fns.graded",
+    "atroposlib.envs.heldout",
     "atroposlib.envs.server_handling.circuit",
     "atroposlib.envs.server_handling.slurm",
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
     "atroposlib.utils.html_report",
+    "atroposlib.utils.cli",
 ]
 
 
