@@ -209,6 +209,22 @@ def prune_steps(folder: Path, keep: int | None, marker: str | None = None) -> li
     return old
 
 
+def write_pushed_weights(
+    model: nn.Module,
+    path: Path,
+    tokenizer: Any,
+    merged: bool,
+    state_dict: dict[str, Tensor] | None,
+    checkpoint: Path | None,
+) -> None:
+    """The folder pushed to inference servers: hard links to this step's ``checkpoint`` when it
+    holds the same files (unless LoRA is merged for the push), else written out."""
+    if checkpoint is not None and not (merged and is_peft(unwrap(model))):
+        link_weights(checkpoint, path)
+    else:
+        save_weights(model, path, tokenizer, merged, state_dict=state_dict)
+
+
 def link_weights(checkpoint: Path, path: Path) -> None:
     """``path`` gets the weight files of ``checkpoint`` as hard links (copies across devices)."""
     tmp = path.with_name(f".{path.name}.tmp")

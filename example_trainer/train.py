@@ -39,16 +39,14 @@ from atroposlib.utils.cli import configure_logging
 from example_trainer.checkpoint import (
     STATE_FILE,
     gather_full_state,
-    is_peft,
-    link_weights,
     load_optimizer_state,
     load_state,
     prune_steps,
     resolve_resume,
     save_checkpoint,
-    save_weights,
     set_rng_state,
     unwrap,
+    write_pushed_weights,
 )
 from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan
@@ -335,11 +333,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             if rank == 0:
                 folder = cfg.save_dir / "weights" / f"step-{step}"
                 merged = sync.writes == "full"
-                # the checkpoint of this step holds the same files unless LoRA gets merged
-                if checkpoint is not None and not (merged and is_peft(unwrap(model))):
-                    link_weights(checkpoint, folder)
-                else:
-                    save_weights(model, folder, tokenizer, merged, state_dict=weights)
+                write_pushed_weights(model, folder, tokenizer, merged, weights, checkpoint)
                 report = sync.push(folder, step)
                 sync_row = {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}
                 tracker.log(sync_row, step=step)
