@@ -13,7 +13,7 @@ import pytest
 
 from atroposlib.localrun import report
 from atroposlib.localrun.components import RunLayout, free_port
-from atroposlib.localrun.panel import PlainLines, RunStatus, StatusPoller, render
+from atroposlib.localrun.panel import LivePanel, PlainLines, RunStatus, StatusPoller, render
 
 
 @pytest.mark.slow
@@ -166,7 +166,7 @@ def test_plain_lines_come_every_interval_and_at_each_phase_with_every_field() ->
     assert out[0].startswith("training | elapsed ")
     assert "step 0 / 40 | reward - | loss - | tokens/s - | queue (groups) - | weights -" in out[0]
     assert out[1].endswith(
-        "step 3 / 40 | reward (rg) 0.400 | loss 0.2500 | tokens/s 180 | queue (groups) 2 | "
+        "step 3 / 40 | reward (env rg) 0.400 | loss 0.2500 | tokens/s 180 | queue (groups) 2 | "
         "weights v3 | held-out eval -"
     )
     assert out[2].startswith("held-out eval after training | ")
@@ -187,10 +187,27 @@ def test_the_panel_keeps_every_row_when_a_sync_row_comes_last(tmp_path: Path) ->
     console = Console(record=True, width=100)
     console.print(render(status, 40))
     text = console.export_text()
-    for shown in ("step", "1 / 40", "reward (rg)", "0.250", "0.5000", "99", "queue", "weights"):
+    for shown in ("step", "1 / 40", "reward (env rg)", "0.250", "0.5000", "99", "queue", "weights"):
         assert shown in text, text
     assert "None" not in text
     empty = Console(record=True, width=100)
     empty.print(render(RunStatus(), 40))
     first_frame = empty.export_text()
     assert "None" not in first_frame and "reward" in first_frame
+
+
+def test_the_live_panel_redraws_in_a_terminal() -> None:
+    import io
+
+    from rich.console import Console
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    status = RunStatus(phase="held-out eval before training")
+    with LivePanel(console, 40) as panel:
+        panel.update(status)
+        status.eval_progress = (57, 200)
+        panel.update(status)
+    drawn = screen.getvalue()
+    assert "57 / 200 answered" in drawn and "held-out eval before training" in drawn
+    assert "None" not in drawn

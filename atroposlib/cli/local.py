@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import CliApp, SettingsError
 from rich.console import Console
+from rich.markup import escape
 
 from atroposlib.launcher import ComponentFailedError, Supervisor
 from atroposlib.localrun import components, report
@@ -32,7 +33,8 @@ from atroposlib.localrun.settings import LocalRunSettings, resolve
 from atroposlib.utils.cli import describe, exit_with_error, settings_cli_source
 
 PROG = "atropos-local"
-console = Console()
+console = Console()  # progress and results: stdout
+errors = Console(stderr=True)
 
 
 def parse_settings(argv: list[str]) -> LocalRunSettings:
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             exit_with_error(PROG, f"{flag}: {path} does not exist")
     layout = _layout(settings)
-    console.print(f"run folder: {layout.run_dir}")
+    console.print(f"run folder: {layout.run_dir}", soft_wrap=True)
     signal.signal(signal.SIGTERM, _interrupt)
     with Supervisor(layout.run_dir) as supervisor, httpx.Client(timeout=2.0) as http:
         poller = StatusPoller(layout, http)
@@ -69,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             with _display(settings) as display:
                 code = _run(settings, layout, supervisor, poller, display)
         except ComponentFailedError as err:
-            console.print(f"[red]error:[/red] {err}")
+            errors.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
             code = 1
         except KeyboardInterrupt:
-            console.print("interrupted: stopping every process")
+            errors.print("interrupted: stopping every process")
             code = 130
         pids = supervisor.pids()
     _write_report(
@@ -209,8 +211,8 @@ def _write_report(
         pids=pids,
     )
     for line in report.headline(summary):
-        console.print(line, highlight=False)
-    console.print(f"run folder: {layout.run_dir} (summary.json has every figure)")
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"run folder: {layout.run_dir} (summary.json has every figure)", soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -49,12 +49,23 @@ class RunStatus:
 
 
 class StatusPoller:
-    """Reads the broker, the inference server, the trainer's metrics and eval progress."""
+    """Reads the broker, the inference server, the trainer's metrics and eval progress.
 
-    def __init__(self, layout: RunLayout, http: httpx.Client) -> None:
+    The inference server is asked at most every ``health_interval_s``: it logs each request.
+    """
+
+    def __init__(
+        self,
+        layout: RunLayout,
+        http: httpx.Client,
+        health_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.layout = layout
         self.http = http
         self.status = RunStatus()
+        self.health_interval_s, self.clock = health_interval_s, clock
+        self._health_at = -float("inf")
         self._metrics_offset = 0
 
     def poll(self) -> RunStatus:
@@ -63,9 +74,11 @@ class StatusPoller:
         if broker:
             status.broker_step = broker.get("current_step")
             status.queue_groups = broker.get("queue_size")
-        health = self._get_json(f"{self.layout.inference_url}/health")
-        if health:
-            status.weight_version = health.get("weight_version")
+        if self.clock() - self._health_at >= self.health_interval_s:
+            self._health_at = self.clock()
+            health = self._get_json(f"{self.layout.inference_url}/health")
+            if health:
+                status.weight_version = health.get("weight_version")
         for row in self._new_metric_rows():
             if "train/loss" in row:
                 status.train_row = row
@@ -105,7 +118,7 @@ def facts(status: RunStatus, total_steps: int) -> list[tuple[str, str]]:
     """The rows of the panel and the fields of a plain line, in order, always all of them."""
     row = status.train_row
     progress = status.eval_progress
-    rewards = [(f"reward ({env})", f"{r:.3f}") for env, r in sorted(status.rewards.items())]
+    rewards = [(f"reward (env {env})", f"{r:.3f}") for env, r in sorted(status.rewards.items())]
     return [
         ("phase", status.phase),
         ("elapsed", f"{time.monotonic() - status.started_at:,.0f} s"),
@@ -142,13 +155,23 @@ class Display(Protocol):
     ) -> None: ...
 
 
+class _Frame:
+    """Rendered afresh at every refresh, so the clock runs while a phase blocks."""
+
+    def __init__(self, total_steps: int) -> None:
+        self.status, self.total_steps = RunStatus(), total_steps
+
+    def __rich__(self) -> Table:
+        return render(self.status, self.total_steps)
+
+
 class LivePanel:
-    """The rich panel, redrawn in place (a terminal)."""
+    """The rich panel, redrawn in place twice a second (a terminal)."""
 
     def __init__(self, console: Console, total_steps: int, keep: bool = True) -> None:
-        self.total_steps = total_steps
+        self.frame = _Frame(total_steps)
         self.live = Live(
-            render(RunStatus(), total_steps),
+            self.frame,
             console=console,
             refresh_per_second=2,
             transient=not keep,
@@ -156,7 +179,8 @@ class LivePanel:
         )
 
     def update(self, status: RunStatus) -> None:
-        self.live.update(render(status, self.total_steps))
+        self.frame.status = status
+        self.live.refresh()
 
     def __enter__(self) -> LivePanel:
         self.live.__enter__()
