@@ -211,3 +211,23 @@ def test_the_live_panel_redraws_in_a_terminal() -> None:
     drawn = screen.getvalue()
     assert "57 / 200 answered" in drawn and "held-out eval before training" in drawn
     assert "None" not in drawn
+
+
+def test_the_inference_server_is_polled_every_few_seconds_not_every_frame(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"weight_version": len(asked)})
+        return httpx.Response(200, json={"current_step": 1, "queue_size": 2})
+
+    now = [0.0]
+    layout = RunLayout(tmp_path, "model", 1, 2)
+    with httpx.Client(transport=httpx.MockTransport(serve)) as http:
+        poller = StatusPoller(layout, http, health_interval_s=5.0, clock=lambda: now[0])
+        for second in range(11):
+            now[0] = float(second)
+            status = poller.poll()
+    assert asked.count("/status") == 11 and asked.count("/health") == 3  # at 0, 5 and 10 s
+    assert status.queue_groups == 2 and status.weight_version is not None
