@@ -47,6 +47,7 @@ class BaseEnv(ABC):
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] | None = None
+    serving: bool = False  # set by ``serve`` before setup(): code envs refuse weak sandboxes
 
     def __init__(
         self,

@@ -62,6 +62,7 @@ async def serve(env: BaseEnv) -> None:
     url, secret = env.config.rollout_server_url, env.config.rollout_server_api_key
     api_key = secret.get_secret_value() if secret is not None else None
     encoding = await broker_encoding(url)
+    env.serving = True
     try:
         async with EnvClient(url, api_key, max_retries=3, encoding=encoding) as client:
             await EnvRunner(env, client).run()
