@@ -53,6 +53,8 @@ BAD_VALUES = [
      "jsonl2html: error: no-such-dump.jsonl: no such file"),
     ("atropos-inference", ["--model", "m", "--port", "abc"],
      "atropos-inference: error: --port: input should be a valid integer, got 'abc'"),
+    ("atropos-sandbox-check", ["--bogus"],
+     "atropos-sandbox-check: error: unrecognized arguments: --bogus (see --help)"),
     ("env serve", ["--env.group_size", "abc"],
      "error: --env.group_size: input should be a valid integer, got 'abc'"),
     ("env process", ["--env.eval_size", "-3"],
