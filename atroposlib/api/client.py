@@ -90,7 +90,12 @@ def _decoded(response: httpx.Response) -> Any:
 
 
 class TrainerClient:
-    """The trainer's side: register, pull batches, acknowledge them."""
+    """The trainer's side: register, pull batches, acknowledge them.
+
+    A trainer that registers with ``acknowledges=True`` names the last step it received in
+    every ``GET /batch`` (``?received=N``), so a batch whose answer was lost on the way (a
+    timeout, a reset connection) is sent again instead of being skipped.
+    """
 
     def __init__(
         self,
@@ -105,11 +110,14 @@ class TrainerClient:
         self._headers = _headers(api_key, encoding)
         self._owns_client = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
+        self.received_step: int | None = None
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
         try:
             response = self._http.request(
-                method, self.base_url + path, headers=self._headers, json=body
+                method, self.base_url + path, headers=self._headers, json=body, params=params
             )
         except httpx.TransportError as err:
             raise BrokerUnavailableError(f"broker at {self.base_url} unreachable: {err}") from err
@@ -117,13 +125,21 @@ class TrainerClient:
 
     def register(self, registration: TrainerRegistration) -> int:
         answer = self._call("POST", "/register", registration.model_dump())
-        return TrainerRegistrationResponse.model_validate(answer).uuid
+        uuid = TrainerRegistrationResponse.model_validate(answer).uuid
+        self.received_step = registration.starting_step if registration.acknowledges else None
+        return uuid
 
     def get_batch(self) -> Batch | None:
-        answer = self._call("GET", "/batch")
+        received = self.received_step
+        answer = self._call(
+            "GET", "/batch", params=None if received is None else {"received": received}
+        )
         if answer.get("batch") is None:
             return None
-        return Batch(answer.get("step"), [codec.unpack_group(g) for g in answer["batch"]])
+        step = answer.get("step")
+        if received is not None and isinstance(step, int):
+            self.received_step = step
+        return Batch(step, [codec.unpack_group(g) for g in answer["batch"]])
 
     def wait_for_batch(
         self, poll_interval: float = 0.25, timeout: float | None = None, max_interval: float = 2.0

@@ -19,7 +19,7 @@ import numpy as np
 
 from atroposlib.codec import PACKED_DTYPES
 from atroposlib.errors import InvalidGroupError
-from atroposlib.protocol import PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
+from atroposlib.protocol import MAX_STEP, PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +156,14 @@ def _check_messages(raw: dict[str, Any]) -> None:
                 raise InvalidGroupError(f"messages[{i}][{j}].role", "must be a string")
 
 
-def _optional_int(raw: dict[str, Any], field: str, minimum: int | None) -> int | None:
+def _optional_int(raw: dict[str, Any], field: str, minimum: int) -> int | None:
     value = raw.get(field)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidGroupError(field, "must be an integer or null")
-    if minimum is not None and value < minimum:
-        raise InvalidGroupError(field, f"must be >= {minimum}")
+    if not minimum <= value <= MAX_STEP:
+        raise InvalidGroupError(field, f"must be between {minimum} and {MAX_STEP}")
     return value
 
 
@@ -217,7 +217,7 @@ def check_group(raw: Any, *, batch_size: int | None = None) -> CheckedGroup:
         size=size,
         tokens=sum(lengths),
         max_len=max(lengths),
-        env_id=_optional_int(raw, "env_id", None),
+        env_id=_optional_int(raw, "env_id", -MAX_STEP),
         group_id=group_id,
         policy_version=_optional_int(raw, "policy_version", 0),
     )
