@@ -35,16 +35,18 @@ from torch import nn
 
 from atroposlib.errors import BrokerError, BrokerUnavailableError, ConfigError
 from atroposlib.protocol import TrainerRegistration
+from atroposlib.utils.cli import configure_logging
 from example_trainer.checkpoint import (
+    STATE_FILE,
     gather_full_state,
     load_optimizer_state,
     load_state,
-    prune_weights,
+    prune_steps,
     resolve_resume,
     save_checkpoint,
-    save_weights,
     set_rng_state,
     unwrap,
+    write_pushed_weights,
 )
 from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan
@@ -315,10 +317,11 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             )
 
         # ---- save + acknowledge, then push weights ----------------------------------------
+        checkpoint = None
         if step % cfg.save_interval == 0 or step == cfg.num_steps:
             full = gather_full_state(model, optimizer, sharded)  # collective under FSDP
             if rank == 0:
-                save_checkpoint(
+                checkpoint = save_checkpoint(
                     cfg.save_dir,
                     step,
                     model,
@@ -326,21 +329,24 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                     scheduler,
                     tokenizer,
                     extra={"role_baselines": role_baselines, "config": cfg.model_dump(mode="json")},
+                    optimizer_precision=cfg.checkpoint_optimizer_precision,
                 )
                 client.ack(step)  # type: ignore[union-attr]
+                prune_steps(cfg.save_dir, cfg.keep_last_checkpoints, marker=STATE_FILE)
             if world > 1:
                 dist.barrier()
         if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
             weights = gather_full_state(model, None, sharded).model  # collective under FSDP
             if rank == 0:
                 folder = cfg.save_dir / "weights" / f"step-{step}"
-                save_weights(model, folder, tokenizer, sync.writes == "full", state_dict=weights)
+                merged = sync.writes == "full"
+                write_pushed_weights(model, folder, tokenizer, merged, weights, checkpoint)
                 report = sync.push(folder, step)
                 sync_row = {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}
                 tracker.log(sync_row, step=step)
                 if report.failed:
                     logger.error("weight sync step %d failed for %s", step, report.failed)
-                prune_weights(cfg.save_dir / "weights", keep=2)
+                prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
         if world > 1:
             dist.barrier()
 
@@ -390,9 +396,7 @@ def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO)
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:

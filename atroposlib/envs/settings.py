@@ -20,6 +20,7 @@ from pydantic_settings.sources import CliSuppress
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.errors import ConfigError
+from atroposlib.utils.cli import add_argument_one_default
 from atroposlib.utils.yaml_settings import LayeredSettings, read_yaml_config
 
 ENV_PREFIX = "ATROPOS_"
@@ -148,6 +149,7 @@ def resolve_settings(
         cli_exit_on_error=False,
         cli_implicit_flags=True,
         cli_prog_name=f"{Path(__import__('sys').argv[0]).name} {model.__name__[:-8].lower()}",
+        add_argument_method=add_argument_one_default,
     )()
     env_source = EnvSettingsSource(
         model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
