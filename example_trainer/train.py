@@ -65,7 +65,7 @@ logger = logging.getLogger("example_trainer")
 
 
 class BatchSource(Protocol):
-    """What the loop needs from the broker (atroposlib.api.client.TrainerClient fits)."""
+    """What the loop needs from the broker (atroposlib.client.TrainerClient fits)."""
 
     def register(self, registration: TrainerRegistration) -> int: ...
     def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Any: ...
@@ -191,7 +191,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     )
     if rank == 0:
         if client is None:
-            from atroposlib.api.client import TrainerClient
+            from atroposlib.client import TrainerClient
 
             key = cfg.broker_api_key.get_secret_value() if cfg.broker_api_key else None
             client = TrainerClient(cfg.broker_url, key)

@@ -17,7 +17,7 @@ from atroposlib.errors import ConfigError
 from atroposlib.utils.cli import configure_logging, describe, snake_flag
 
 if TYPE_CHECKING:
-    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.served import ServedEnv
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ COMMANDS = {
 }
 
 
-def _usage(env_cls: type[BaseEnv]) -> str:
+def _usage(env_cls: type[ServedEnv]) -> str:
     lines = [f"usage: {sys.argv[0]} {{serve,process,evaluate}} [--help] [options]", ""]
     lines.append(f"CLI for {env_cls.__name__}. Commands:")
     lines.extend(f"  {name:<9} {text}" for name, text in COMMANDS.items())
@@ -51,7 +51,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def parse_settings(
-    env_cls: type[BaseEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
+    env_cls: type[ServedEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
 ) -> EnvCliSettings:
     from atroposlib.envs.modes import COMMAND_DEFAULTS
 
@@ -68,11 +68,11 @@ def parse_settings(
         _fail(str(exc))
 
 
-def _has_teacher(env_cls: type[BaseEnv]) -> bool:
+def _has_teacher(env_cls: type[ServedEnv]) -> bool:
     return hasattr(env_cls, "teacher_config_init")
 
 
-def _teacher_configs(env_cls: type[BaseEnv], settings: EnvCliSettings) -> Any:
+def _teacher_configs(env_cls: type[ServedEnv], settings: EnvCliSettings) -> Any:
     """``--teacher.*`` / YAML ``teacher:`` over ``teacher_config_init()``."""
     given = getattr(settings, "teacher", None)
     default = env_cls.teacher_config_init()  # type: ignore[attr-defined]
@@ -83,7 +83,7 @@ def _teacher_configs(env_cls: type[BaseEnv], settings: EnvCliSettings) -> Any:
     return [APIServerConfig(**{**base_values, **given.model_dump(exclude_unset=True)})]
 
 
-def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
+def build_env(env_cls: type[ServedEnv], settings: EnvCliSettings) -> ServedEnv:
     env_config = settings.env
     if env_config.wandb_name is None and env_cls.name:
         env_config.wandb_name = env_cls.name
@@ -101,7 +101,7 @@ def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
     return env_cls(env_config, servers, slurm=settings.slurm, testing=settings.testing)
 
 
-def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
+def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage(env_cls) + "\n")

@@ -11,8 +11,8 @@ import pytest
 from broker_testlib import BrokerProcess, env_body, free_port, make_group, markers, trainer_body
 
 from atroposlib.api.app import create_app
-from atroposlib.api.client import EnvClient, TrainerClient
 from atroposlib.api.settings import BrokerSettings
+from atroposlib.client import EnvClient, TrainerClient
 from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError
 from atroposlib.protocol import EnvRegistration, ScoredData, TrainerRegistration
 
