@@ -265,7 +265,7 @@ def shard_plan(plan: Sequence[T], costs: Sequence[int], world_size: int, rank: i
 
 @dataclass
 class PackedRows:
-    """A micro-batch's sequences back to back in R rows of W tokens (example_trainer.packing).
+    """A micro-batch's sequences back to back in R rows of W tokens (sequence_packing.py).
 
     The k-th scored position (row-major) predicts ``targets[k]`` at ``temperature[k]``;
     ``index`` maps the padded next-token layout (B, T-1) of MicroBatch to those k, and

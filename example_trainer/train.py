@@ -8,7 +8,7 @@ per group, per batch or none; SPIRAL role baselines). Loss options (clip-higher,
 truncated importance sampling, KL k1/k3, entropy bonus, aggregation) are LossConfig switches;
 see README.md. SFT rows (override ``sft``) are trained with plain NLL in the same step.
 
-Micro-batches are packed rows by default (example_trainer.packing: whole sequences back to
+Micro-batches are packed rows by default (example_trainer.sequence_packing: whole sequences back to
 back, block-diagonal attention, no padding) or length-bucketed padded rows.
 
 Left out: several optimizer steps per batch (PPO epochs), NCCL weight broadcast to inference
@@ -52,7 +52,7 @@ from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import (
+from example_trainer.sequence_packing import (
     micro_batch,
     micro_batch_plan,
     model_logprobs,

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from atroposlib.api.batching import FairShareState, QueuedGroupRef, form_batch
 from atroposlib.api.envs import EnvRegistry
-from atroposlib.api.packing import FairShareState, QueuedGroupRef, form_batch
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import BatchRecord, GroupMeta, GroupStore, NewGroup, StoreSnapshot
 from atroposlib.api.store.blob import decode_group, encode_group

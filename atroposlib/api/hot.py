@@ -29,8 +29,8 @@ from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.errors import (
     InvalidGroupError,
-    QueueFullError,
     RequestBodyError,
+    RetryLaterError,
     TrainerNotRegisteredError,
     UnknownEnvError,
 )
@@ -53,7 +53,7 @@ BROKER_ERRORS: dict[type[Exception], int] = {
     InvalidGroupError: 422,
     UnknownEnvError: 404,
     TrainerNotRegisteredError: 409,
-    QueueFullError: 503,
+    RetryLaterError: 503,
     RequestBodyError: 400,  # its own status_code (400 or 413) is used
 }
 """The broker's own errors and their HTTP status; anything else is a 500."""
@@ -65,7 +65,7 @@ def error_answer(err: Exception) -> Answer | None:
     if status is None:
         return None
     detail, headers = str(err), {}
-    if isinstance(err, QueueFullError):
+    if isinstance(err, RetryLaterError):
         headers["Retry-After"] = str(err.retry_after)
     elif isinstance(err, RequestBodyError):
         status, detail = err.status_code, err.message

@@ -13,7 +13,7 @@ from broker_testlib import env_body, make_group, markers, trainer_body
 from atroposlib.api.broker import Broker
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, MemoryStore, SqliteStore
-from atroposlib.errors import ConfigError, QueueFullError
+from atroposlib.errors import ConfigError, QueueFullError, RetryLaterError, StoreWriteError
 from atroposlib.protocol import EnvRegistration, TrainerRegistration
 
 
@@ -229,9 +229,11 @@ def test_a_store_that_cannot_write_answers_retry_later_and_changes_nothing(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "add_groups", disk_full)
-    with pytest.raises(QueueFullError, match="No space left on device") as refused:
+    with pytest.raises(StoreWriteError, match="No space left on device") as refused:
         broker.ingest([make_group(2, marker=20)])
     assert refused.value.retry_after == 7
+    assert isinstance(refused.value, RetryLaterError)  # a 503 with Retry-After, as a full queue
+    assert not isinstance(refused.value, QueueFullError)  # but the queue is not full
     assert broker.counters == counters and broker.status() == status
     monkeypatch.undo()
     broker.ingest([make_group(2, marker=30)])
@@ -251,7 +253,7 @@ def test_a_batch_the_store_cannot_record_is_not_formed(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "save_batch", disk_full)
-    with pytest.raises(QueueFullError, match="cannot store the batch"):
+    with pytest.raises(StoreWriteError, match="cannot store the batch"):
         broker.next_batch()
     assert broker.counters == counters and broker.status() == status
     monkeypatch.undo()

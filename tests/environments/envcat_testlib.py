@@ -18,7 +18,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from example_trainer.config import LossConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
+from example_trainer.sequence_packing import micro_batch, micro_batch_plan, model_logprobs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
