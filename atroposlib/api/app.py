@@ -29,10 +29,8 @@ from atroposlib.api.hot import (
     Handler,
     HotRoutes,
     error_answer,
-    unauthorized_answer,
 )
 from atroposlib.api.http import (
-    bearer_ok,
     encoded,
     read_body,
     read_model,
@@ -47,6 +45,7 @@ from atroposlib.api.openapi import (
 )
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, open_store
+from atroposlib.auth import require_bearer
 from atroposlib.protocol import (
     INT32_MAX,
     MAX_STEP,
@@ -152,19 +151,14 @@ def create_app(
             if own_store:
                 active.close()
 
-    async def authorize(request: Request) -> None:
-        if settings.api_key is not None and not bearer_ok(request, settings.api_key):
-            raise _UnauthorizedError
-
     public_docs = settings.api_key is None
     app = BrokerApp(
         title="atroposlib broker",
         openapi_url="/openapi.json" if public_docs else None,
         lifespan=lifespan,
-        dependencies=[Depends(authorize)] if settings.api_key is not None else [],
+        dependencies=[Depends(require_bearer(settings.api_key))],
         exception_handlers=_error_handlers(),
     )
-    app.add_exception_handler(_UnauthorizedError, _unauthorized)
     hot = HotRoutes(runtime.get, settings, metrics)
     app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
     if settings.cors_origins:
@@ -326,11 +320,3 @@ def _route(
         return _response(await handler(request.headers, body, request.url.query))
 
     return route
-
-
-class _UnauthorizedError(Exception):
-    pass
-
-
-async def _unauthorized(_: Request, __: Exception) -> Response:
-    return _response(unauthorized_answer())

@@ -24,9 +24,10 @@ from atroposlib.api.broker import Broker
 from atroposlib.api.compression import Gzipper, accepts_gzip
 from atroposlib.api.fastjson import decode_groups
 from atroposlib.api.guard import BrowserGuard
-from atroposlib.api.http import bearer_header_ok, read_body_chunks
+from atroposlib.api.http import read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
+from atroposlib.auth import UNAUTHORIZED_DETAIL, UNAUTHORIZED_HEADERS, bearer_header_ok
 from atroposlib.errors import (
     InvalidGroupError,
     RequestBodyError,
@@ -37,8 +38,6 @@ from atroposlib.errors import (
 from atroposlib.protocol import MAX_STEP, ScoredDataListResponse, ScoredDataResponse
 
 logger = logging.getLogger(__name__)
-
-UNAUTHORIZED_DETAIL = "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"
 
 
 @dataclass(slots=True)
@@ -78,7 +77,7 @@ def forbidden_answer(reason: str) -> Answer:
 
 def unauthorized_answer() -> Answer:
     body = orjson.dumps({"detail": UNAUTHORIZED_DETAIL})
-    return Answer(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
+    return Answer(401, body, "application/json", dict(UNAUTHORIZED_HEADERS))
 
 
 Handler = Callable[[Mapping[str, str], bytes, str], Coroutine[Any, Any, Answer]]

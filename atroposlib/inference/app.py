@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,11 +18,12 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedModel
 
+from atroposlib.auth import require_bearer
 from atroposlib.inference.engine import ModelRunner, check_compatible, load_model
 from atroposlib.inference.limits import BodySizeLimit
 from atroposlib.inference.lora import load_merged
@@ -66,7 +66,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     app = FastAPI(title="atroposlib inference", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    guarded = [Depends(_bearer_check(settings.api_key))]
+    guarded = [Depends(require_bearer(settings.api_key))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)
     app.add_api_route("/health", health, methods=["GET"])
@@ -164,17 +164,3 @@ async def _swap_in(
         message=f"loaded {path} (waited {waited:.2f} s for requests in flight)",
         weight_version=version,
     )
-
-
-def _bearer_check(api_key: str | None) -> Any:
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise HTTPException(
-                status_code=401,
-                detail="authorization: send the header `Authorization: Bearer <api key>`",
-            )
-
-    return check

@@ -25,6 +25,7 @@ MODULES = [
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
+    "atroposlib.auth",
     "atroposlib.utils.html_report",
     "atroposlib.utils.cli",
 ]

@@ -1,0 +1,37 @@
+"""Bearer-token auth, one rule for every HTTP server of atroposlib (broker, inference)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+
+from fastapi import HTTPException, Request
+
+UNAUTHORIZED_DETAIL = "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"
+UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
+
+
+def bearer_header_ok(header: str, api_key: str) -> bool:
+    """``header`` as ASGI servers decode it (latin-1), so any byte compares, none raises.
+
+    >>> bearer_header_ok("Bearer s3cret", "s3cret"), bearer_header_ok("bearer  s3cret ", "s3cret")
+    (True, True)
+    >>> bearer_header_ok("s3cret", "s3cret"), bearer_header_ok("Bearer s3cr\\xe9t", "s3cret")
+    (False, False)
+    """
+    scheme, _, token = header.partition(" ")
+    wire = token.strip().encode("latin-1", errors="replace")
+    return scheme.lower() == "bearer" and secrets.compare_digest(wire, api_key.encode())
+
+
+def require_bearer(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """The FastAPI dependency: 401 (``{"detail": ...}``, ``WWW-Authenticate: Bearer``) unless
+    the request carries ``Authorization: Bearer <api_key>``; no check when ``api_key`` is None."""
+
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        if not bearer_header_ok(request.headers.get("authorization", ""), api_key):
+            raise HTTPException(401, UNAUTHORIZED_DETAIL, headers=UNAUTHORIZED_HEADERS)
+
+    return check
