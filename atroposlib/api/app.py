@@ -51,7 +51,6 @@ from atroposlib.protocol import (
     MAX_STEP,
     Acknowledgement,
     AcknowledgementResponse,
-    BatchResponse,
     EnvRef,
     EnvRegistration,
     EnvRegistrationResponse,
@@ -60,9 +59,6 @@ from atroposlib.protocol import (
     InfoResponse,
     RecentGroupsResponse,
     RootResponse,
-    ScoredData,
-    ScoredDataListResponse,
-    ScoredDataResponse,
     StatusResponse,
     SuccessResponse,
     TrainerRegistration,
@@ -279,36 +275,13 @@ def _view_routes(app: FastAPI, broker: BrokerRef) -> None:
         return PlainTextResponse("Reset successful")
 
 
-_HOT_DOCS: dict[tuple[str, str], dict[str, Any]] = {
-    ("POST", "/scored_data"): {
-        "responses": {200: {"model": ScoredDataResponse}, **ERRORS},
-        "openapi_extra": request_body(ScoredData, "One scored group."),
-    },
-    ("POST", "/scored_data_list"): {
-        "responses": {200: {"model": ScoredDataListResponse}, **ERRORS},
-        "openapi_extra": request_body(list[ScoredData], "Scored groups, queued all or none."),
-    },
-    ("GET", "/batch"): {
-        "responses": {200: {"model": BatchResponse}, **ERRORS},
-        "openapi_extra": {
-            "parameters": [
-                {
-                    "name": "received", "in": "query", "required": False,
-                    "description": "The last step this (acknowledging) trainer received.",
-                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STEP},
-                }
-            ]
-        },
-    },
-}  # fmt: skip
-
-
 def _hot_routes(app: FastAPI, hot: HotRoutes, settings: BrokerSettings) -> None:
     """The hot routes as ordinary FastAPI routes too (OpenAPI schema; CORS setups)."""
-    for (method, path), handler in hot.routes.items():
+    for route in hot.declared:
         app.add_api_route(
-            path, _route(handler, settings), methods=[method], response_class=Response,
-            **_HOT_DOCS[(method, path)],
+            route.path, _route(route.handler, settings), methods=[route.method],
+            response_class=Response, openapi_extra=route.openapi_extra,
+            responses={200: {"model": route.response_model}, **ERRORS},
         )  # fmt: skip
 
 

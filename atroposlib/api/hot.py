@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
 from atroposlib import codec
@@ -26,6 +27,7 @@ from atroposlib.api.fastjson import decode_groups
 from atroposlib.api.guard import BrowserGuard
 from atroposlib.api.http import read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
+from atroposlib.api.openapi import request_body
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.auth import UNAUTHORIZED_DETAIL, UNAUTHORIZED_HEADERS, bearer_header_ok
 from atroposlib.errors import (
@@ -35,7 +37,13 @@ from atroposlib.errors import (
     TrainerNotRegisteredError,
     UnknownEnvError,
 )
-from atroposlib.protocol import MAX_STEP, ScoredDataListResponse, ScoredDataResponse
+from atroposlib.protocol import (
+    MAX_STEP,
+    BatchResponse,
+    ScoredData,
+    ScoredDataListResponse,
+    ScoredDataResponse,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,29 @@ Handler = Callable[[Mapping[str, str], bytes, str], Coroutine[Any, Any, Answer]]
 """A hot route: (lower-case headers, body, query string) -> answer."""
 
 
+_RECEIVED_QUERY = {
+    "parameters": [
+        {
+            "name": "received", "in": "query", "required": False,
+            "description": "The last step this (acknowledging) trainer received.",
+            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STEP},
+        }
+    ]
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class HotRoute:
+    """A per-group route declared once: the raw ASGI path and the FastAPI route (with its
+    OpenAPI entry: ``openapi_extra`` and ``response_model``) are both built from it."""
+
+    method: str
+    path: str
+    handler: Handler
+    response_model: type[BaseModel]
+    openapi_extra: dict[str, Any]
+
+
 class HotRoutes:
     """The three routes' logic, and a raw ASGI server for them."""
 
@@ -95,10 +126,19 @@ class HotRoutes:
         self._metrics = metrics
         self._gzipper = Gzipper(minimum_size=1000, gzip_level=settings.gzip_level)
         self.guard = BrowserGuard(settings)
+        self.declared = (
+            HotRoute("GET", "/batch", self.batch, BatchResponse, _RECEIVED_QUERY),
+            HotRoute(
+                "POST", "/scored_data", self.scored_data, ScoredDataResponse,
+                request_body(ScoredData, "One scored group."),
+            ),
+            HotRoute(
+                "POST", "/scored_data_list", self.scored_data_list, ScoredDataListResponse,
+                request_body(list[ScoredData], "Scored groups, queued all or none."),
+            ),
+        )  # fmt: skip
         self.routes: dict[tuple[str, str], Handler] = {
-            ("GET", "/batch"): self.batch,
-            ("POST", "/scored_data"): self.scored_data,
-            ("POST", "/scored_data_list"): self.scored_data_list,
+            (route.method, route.path): route.handler for route in self.declared
         }
 
     # -- the routes ---------------------------------------------------------------------
