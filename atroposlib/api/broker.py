@@ -288,8 +288,10 @@ class Broker:
                 logger.info("sending batch %d again: the trainer last received %d", step, received)
                 self._state.count("batches_resent")
                 return step, self._load_groups(batch.keys, packed)
-        with self._transaction("the dropping of stale groups") as state:
-            self._drop_stale(trainer, state)
+        stale = self._stale_keys(trainer)
+        if stale:
+            with self._transaction("the dropping of stale groups") as state:
+                self._drop(stale, "stale", state)
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
         refs = list(self._refs.values())  # arrival order: dicts keep insertion order
@@ -336,16 +338,15 @@ class Broker:
     def _load_groups(self, keys: Sequence[int], packed: bool) -> list[dict[str, Any]]:
         return [decode_group(blob, packed=packed) for blob in self.store.payloads(keys)]
 
-    def _drop_stale(self, trainer: TrainerRegistration, state: BrokerState) -> None:
+    def _stale_keys(self, trainer: TrainerRegistration) -> list[int]:
         if trainer.max_staleness is None:
-            return
+            return []
         oldest = self.current_step - trainer.max_staleness
-        stale = [
+        return [
             key
             for key, meta in self._queue.items()
             if meta.policy_version is not None and meta.policy_version < oldest
         ]
-        self._drop(stale, "stale", state)
 
     def ack(self, step: int) -> int:
         self._require_trainer()
