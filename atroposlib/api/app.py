@@ -34,7 +34,6 @@ from atroposlib.api.http import (
     encoded,
     read_body,
     read_model,
-    validation_answer,
 )
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.openapi import (
@@ -45,7 +44,6 @@ from atroposlib.api.openapi import (
 )
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, open_store
-from atroposlib.auth import require_bearer
 from atroposlib.protocol import (
     INT32_MAX,
     MAX_STEP,
@@ -66,6 +64,7 @@ from atroposlib.protocol import (
     WaitForTrainerResponse,
     WandbInfoResponse,
 )
+from atroposlib.web import require_bearer, validation_answer
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from atroposlib.api.http import read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.openapi import request_body
 from atroposlib.api.settings import BrokerSettings
-from atroposlib.auth import UNAUTHORIZED_DETAIL, UNAUTHORIZED_HEADERS, bearer_header_ok
 from atroposlib.errors import (
     InvalidGroupError,
     RequestBodyError,
@@ -44,6 +43,7 @@ from atroposlib.protocol import (
     ScoredDataListResponse,
     ScoredDataResponse,
 )
+from atroposlib.web import UNAUTHORIZED_DETAIL, UNAUTHORIZED_HEADERS, bearer_header_ok
 
 logger = logging.getLogger(__name__)
 

@@ -105,12 +105,3 @@ def encoded(request: Request, payload: Any, status_code: int = 200) -> Response:
     """Answer in the encoding the client accepts (msgpack when asked, JSON otherwise)."""
     body, media_type = codec.encode(payload, request.headers.get("accept"))
     return Response(body, status_code=status_code, media_type=media_type)
-
-
-def validation_answer(err: RequestValidationError) -> Response:
-    """422 naming each field; the offending input is left out (NaN, bytes, ... are not JSON)."""
-    detail = [
-        {"loc": list(error.get("loc", ())), "msg": str(error.get("msg")), "type": error.get("type")}
-        for error in err.errors()
-    ]
-    return Response(codec.dumps_json({"detail": detail}), 422, media_type="application/json")

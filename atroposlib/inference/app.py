@@ -18,12 +18,11 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedModel
 
-from atroposlib.auth import require_bearer
 from atroposlib.inference.engine import ModelRunner, check_compatible, load_model
 from atroposlib.inference.limits import BodySizeLimit
 from atroposlib.inference.lora import load_merged
@@ -38,6 +37,7 @@ from atroposlib.protocol import (
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
+from atroposlib.web import require_bearer, validation_answer
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +87,9 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     return app
 
 
-async def _invalid_request(_: Request, error: Exception) -> JSONResponse:
-    """422 naming each bad field; the offending values are not echoed back (a NaN would not
-    encode as JSON, and a huge body should not come back)."""
+async def _invalid_request(_: Request, error: Exception) -> Response:
     assert isinstance(error, RequestValidationError)
-    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
-    return JSONResponse(status_code=422, content={"detail": detail})
+    return validation_answer(error)
 
 
 async def health(request: Request) -> InferenceHealthResponse:

@@ -1,11 +1,15 @@
-"""Bearer-token auth, one rule for every HTTP server of atroposlib (broker, inference)."""
+"""What every HTTP server of atroposlib (broker, inference) shares: bearer-token auth and
+the 422 answer to a body that does not validate."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+
+from atroposlib import codec
 
 UNAUTHORIZED_DETAIL = "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
@@ -35,3 +39,13 @@ def require_bearer(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
             raise HTTPException(401, UNAUTHORIZED_DETAIL, headers=UNAUTHORIZED_HEADERS)
 
     return check
+
+
+def validation_answer(err: RequestValidationError) -> Response:
+    """422 naming each field; the offending input is left out (NaN, bytes, ... are not JSON,
+    and a huge body should not come back)."""
+    detail = [
+        {"loc": list(error.get("loc", ())), "msg": str(error.get("msg")), "type": error.get("type")}
+        for error in err.errors()
+    ]
+    return Response(codec.dumps_json({"detail": detail}), 422, media_type="application/json")
