@@ -56,15 +56,7 @@ class ServedEnv(Protocol):
     async def setup(self) -> None: ...
     async def evaluate(self, *args: Any, **kwargs: Any) -> Any: ...
     async def evaluate_log(
-        self,
-        metrics: dict[str, Any],
-        task_name: str | None = None,
-        model_name: str | None = None,
-        start_time: float | None = None,
-        end_time: float | None = None,
-        generation_parameters: dict[str, Any] | None = None,
-        samples: list[dict[str, Any]] | None = None,
-        verbose: bool = True,
+        self, metrics: dict[str, Any], *, start_time: float | None, end_time: float | None
     ) -> None: ...
     async def next_item(self) -> Item: ...
     async def run_item(
