@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from atroposlib.envs.modes import MODES
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
 from atroposlib.errors import ConfigError
@@ -21,17 +22,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = {
-    "serve": "generate rollouts and send them to the broker (run-api)",
-    "process": "generate groups without a broker: JSONL + HTML report",
-    "evaluate": "run evaluate() once: metrics.json, samples.jsonl, a table",
-}
-
 
 def _usage(env_cls: type[ServedEnv]) -> str:
     lines = [f"usage: {sys.argv[0]} {{serve,process,evaluate}} [--help] [options]", ""]
     lines.append(f"CLI for {env_cls.__name__}. Commands:")
-    lines.extend(f"  {name:<9} {text}" for name, text in COMMANDS.items())
+    lines.extend(f"  {name:<9} {mode.summary}" for name, mode in MODES.items())
     return "\n".join(lines)
 
 
@@ -53,11 +48,9 @@ def describe_validation_error(exc: ValidationError) -> str:
 def parse_settings(
     env_cls: type[ServedEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
 ) -> EnvCliSettings:
-    from atroposlib.envs.modes import COMMAND_DEFAULTS
-
     defaults = env_cls.config_init()
     model = settings_model(type(defaults[0]), command, teacher=_has_teacher(env_cls))
-    command_defaults = COMMAND_DEFAULTS[command](env_cls)
+    command_defaults = MODES[command].defaults(env_cls)
     try:
         return resolve_settings(model, argv, defaults, command_defaults, environ)
     except SettingsError as exc:
@@ -107,19 +100,16 @@ def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
         sys.stdout.write(_usage(env_cls) + "\n")
         raise SystemExit(0 if args else 2)
     command, rest = args[0], args[1:]
-    if command not in COMMANDS:
-        _fail(f"unknown command {command!r}; use one of: serve, process, evaluate")
+    if command not in MODES:
+        _fail(f"unknown command {command!r}; use one of: {', '.join(MODES)}")
     settings = parse_settings(env_cls, command, rest)
     configure_logging(logging.INFO)
-    from atroposlib.envs import modes
-
     try:
         env = build_env(env_cls, settings)
     except ConfigError as exc:
         _fail(str(exc))
-    runner = {"serve": modes.serve, "process": modes.process, "evaluate": modes.evaluate}[command]
     try:
-        asyncio.run(runner(env))
+        asyncio.run(MODES[command].run(env))
     except ConfigError as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(1) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,22 +28,6 @@ logger = logging.getLogger(__name__)
 
 def _env_name(env_cls: type[ServedEnv]) -> str:
     return env_cls.name or env_cls.__name__
-
-
-COMMAND_DEFAULTS: dict[str, Callable[[type[ServedEnv]], dict[str, Any]]] = {
-    "serve": lambda cls: {},
-    "process": lambda cls: {
-        "total_steps": 2,
-        "ensure_scores_are_not_same": False,
-        "include_messages": True,
-        "use_wandb": False,
-        "data_path_to_save_groups": f"data/{_env_name(cls)}.jsonl",
-    },
-    "evaluate": lambda cls: {
-        "use_wandb": False,
-        "data_dir_to_save_evals": f"eval_results/{_env_name(cls)}",
-    },
-}
 
 
 async def broker_encoding(url: str) -> Literal["msgpack", "json"]:
@@ -239,3 +223,38 @@ async def evaluate(env: ServedEnv) -> dict[str, Any]:
         Console().print(f"results in {env.config.data_dir_to_save_evals}")
     await env.server.close()
     return metrics
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One command of an env's CLI: what ``--help`` says, what it runs, and the settings it
+    changes from the env's defaults (the CLI, env vars and YAML still override them)."""
+
+    summary: str
+    run: Callable[[ServedEnv], Coroutine[Any, Any, Any]]
+    defaults: Callable[[type[ServedEnv]], dict[str, Any]]
+
+
+MODES: dict[str, Mode] = {
+    "serve": Mode("generate rollouts and send them to the broker (run-api)", serve, lambda cls: {}),
+    "process": Mode(
+        "generate groups without a broker: JSONL + HTML report",
+        process,
+        lambda cls: {
+            "total_steps": 2,
+            "ensure_scores_are_not_same": False,
+            "include_messages": True,
+            "use_wandb": False,
+            "data_path_to_save_groups": f"data/{_env_name(cls)}.jsonl",
+        },
+    ),
+    "evaluate": Mode(
+        "run evaluate() once: metrics.json, samples.jsonl, a table",
+        evaluate,
+        lambda cls: {
+            "use_wandb": False,
+            "data_dir_to_save_evals": f"eval_results/{_env_name(cls)}",
+        },
+    ),
+}
+"""The commands of ``python my_env.py <command>``, declared once."""
