@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from atroposlib.envs import checkpointing
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
 from atroposlib.envs.evaluation import write_eval_results
@@ -24,6 +26,7 @@ from atroposlib.envs.groups import (
     group_from_items,
     group_rejection_reason,
 )
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -33,6 +36,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
+from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import Item
 
@@ -40,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BaseEnv", "BaseEnvConfig", "EvalHandlingEnum", "ScoredDataGroup", "ScoredDataItem"]
 
-Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None
+Group = ScoredData | ScoredDataGroup
+Trajectories = Group | Sequence[Group | None] | None
 
 
 class BaseEnv(ABC):
@@ -137,6 +142,23 @@ class BaseEnv(ABC):
     def tokenizer(self, value: Any) -> None:
         self._tokenizer = value
 
+    def token_sampler(
+        self, *, max_tokens: int | None = None, temperature: float | None = None, **sampling: Any
+    ) -> TokenSampler:
+        """Token-in/token-out sampling on this env's servers (see ``atroposlib.envs.rollouts``).
+
+        Defaults: the config's ``max_completion_tokens`` and ``temperature`` (else 1.0).
+        """
+        if max_tokens is None:
+            max_tokens = getattr(self.config, "max_completion_tokens", None)
+        if max_tokens is None:
+            raise ValueError("pass max_tokens (the config has no max_completion_tokens)")
+        if temperature is None:
+            temperature = float(getattr(self.config, "temperature", 1.0))
+        return TokenSampler(
+            self.server, self.tokenizer, max_tokens=max_tokens, temperature=temperature, **sampling
+        )
+
     def derived_batch_size(self, status: EnvStatusResponse | None = None) -> int:
         """This env's share of a batch: the unallocated share plus its minimum allocation."""
         if status is None or self.config.batch_size == -1:
@@ -168,9 +190,11 @@ class BaseEnv(ABC):
         self.stats.completion_lengths = value
 
     async def add_rollouts_for_wandb(
-        self, scored_data: ScoredDataGroup | dict[str, Any], item: Item = None
+        self, scored_data: Group | dict[str, Any], item: Item = None
     ) -> None:
         """Keep rollouts for the wandb table (token ids are decoded only when logged)."""
+        if isinstance(scored_data, ScoredData):
+            scored_data = scored_data.wire()
         keep = self.config.num_rollouts_per_group_for_logging
         keep = len(scored_data["tokens"]) if keep == -1 else keep
         pairs = zip(scored_data["tokens"][:keep], scored_data["scores"][:keep], strict=True)
@@ -314,14 +338,24 @@ class BaseEnv(ABC):
     def accept_groups(
         self, trajectories: Trajectories, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
-        """Validate groups; each rejection is logged with its reason and counted."""
+        """Validate groups (an Atropos dict becomes ``ScoredData`` here, once) and return their
+        wire form; each rejection is logged with its reason and counted."""
         if trajectories is None:
             return []
-        candidates = [trajectories] if isinstance(trajectories, dict) else list(trajectories)
+        candidates: list[Any] = (
+            [trajectories] if isinstance(trajectories, dict | ScoredData) else list(trajectories)
+        )
         limit = self.max_token_len if max_token_len is None else max_token_len
         accepted: list[dict[str, Any]] = []
-        for group in candidates:
-            if group is None:
+        for candidate in candidates:
+            if candidate is None:
+                continue
+            try:
+                group, payload = checked_wire_form(candidate)
+            except ValidationError as exc:
+                invalid = invalid_group_reason(exc)
+                logger.warning("group not sent: %s", invalid)
+                self.perf.rejected[invalid.split(":")[0][:40]] += 1
                 continue
             reason = group_rejection_reason(
                 group,
@@ -333,7 +367,6 @@ class BaseEnv(ABC):
                 logger.warning("group not sent: %s", reason)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
                 continue
-            payload: dict[str, Any] = dict(group)
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
                 payload["messages"] = [
                     [{"role": "assistant", "content": self._tokenizer.decode(seq)}]

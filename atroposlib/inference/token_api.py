@@ -62,6 +62,7 @@ async def generate(
     done = await run_job(request, state.scheduler, sequences(prompts, sp.n, params, limits))
     if isinstance(done, Response):
         return done
+    state.sample_log.record(done)
     answers = [_answer(seq, body.return_logprob) for seq in done]
     return answers[0] if single and sp.n == 1 else answers
 

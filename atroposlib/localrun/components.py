@@ -84,6 +84,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--weight_sync", "disk",
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
+         "--loss.behavior_logprobs", settings.behavior_logprobs,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads)},
     )  # fmt: skip

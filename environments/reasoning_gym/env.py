@@ -16,12 +16,13 @@ import reasoning_gym
 from pydantic import Field, field_validator
 from reasoning_gym.factory import DATASETS
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final_number
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 SYSTEM_PROMPT = "Reply with the final answer inside <answer></answer>."
 
@@ -90,7 +91,11 @@ class ReasoningGymEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=50,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     def make_datasets(self, size: int, seed: int) -> dict[str, Any]:
         configs = self.config.task_configs
@@ -115,7 +120,7 @@ class ReasoningGymEnv(BaseEnv):
     def prompt(self, question: str) -> list[dict]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         entry, dataset = item["entry"], self.train[item["task"]]
         weight, lenient = self.config.format_weight, self.config.lenient_answers
         group = await sample_group(
