@@ -1,7 +1,8 @@
 """Test mode: a JSONL record of every sequence the server sampled (``--sample-log``).
 
 One line per finished sequence: ``prompt_ids``, ``output_ids``, ``logprobs``,
-``finish_reason`` and ``weight_version``. Tests compare what a client trains on with what
+``finish_reason``, ``weight_version`` and ``weight_versions`` (``[version, start, end]``
+spans over the output tokens). Tests compare what a client trains on with what
 was really sampled; it is not meant for production traffic (it grows without bound).
 """
 
@@ -34,6 +35,7 @@ class SampleLog:
                     "logprobs": seq.logprobs,
                     "finish_reason": seq.finish_reason,
                     "weight_version": seq.weight_version,
+                    "weight_versions": seq.version_spans(),
                 }
             )
             + b"\n"
