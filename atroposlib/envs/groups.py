@@ -62,7 +62,6 @@ _PER_SEQUENCE_FIELDS = (
     "token_policy_versions",
     "extra",
 )
-_PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
 
 
 def group_from_items(items: Sequence[ScoredDataItem]) -> ScoredDataGroup:
