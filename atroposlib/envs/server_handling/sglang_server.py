@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.envs.server_handling.server_baseline import (
+    GeneratedSequence,
+    token_versions,
+    weight_version,
+)
 from atroposlib.errors import InferenceError
 
 _SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens"}
@@ -53,23 +57,11 @@ def parse_sglang_output(entry: Any, prompt_length: int | None = None) -> Generat
         raise InferenceError(
             f"/generate returned {len(output_ids)} tokens but {len(logprobs)} logprobs"
         )
+    per_token = token_versions(meta.get("weight_versions"), len(output_ids))
     version = weight_version(meta.get("weight_version"))
-    return GeneratedSequence(output_ids, logprobs, reason, entry.get("text"), version)
-
-
-def weight_version(value: Any) -> int | None:
-    """An engine's weight version as an int (SGLang sends a string; ``"default"``: unknown).
-
-    >>> weight_version(3), weight_version("12"), weight_version("default"), weight_version(None)
-    (3, 12, None, None)
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+    if per_token:
+        version = per_token[0]
+    return GeneratedSequence(output_ids, logprobs, reason, entry.get("text"), version, per_token)
 
 
 class SGLangServer(OpenAIServer):

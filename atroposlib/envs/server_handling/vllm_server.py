@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.envs.server_handling.server_baseline import GeneratedSequence, token_versions
 from atroposlib.errors import InferenceError
 
 _TOKEN_PREFIX = "token_id:"
@@ -35,7 +35,11 @@ def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> Gener
         raise InferenceError(f"vLLM completion choice is malformed: {str(choice)[:200]}") from exc
     if len(ids) != len(values):
         raise InferenceError(f"vLLM returned {len(ids)} tokens but {len(values)} logprobs")
-    return GeneratedSequence([int(i) for i in ids], values, str(reason), choice.get("text"))
+    versions = token_versions(choice.get("weight_versions"), len(ids))
+    first = versions[0] if versions else None
+    return GeneratedSequence(
+        [int(i) for i in ids], values, str(reason), choice.get("text"), first, versions
+    )
 
 
 class VLLMServer(OpenAIServer):
