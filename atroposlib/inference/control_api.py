@@ -76,6 +76,11 @@ async def init_weight_transfer_engine(
 ) -> WeightTransferInitResponse:
     state = server_state(request)
     state.transport = body.init_info.transport
+    if state.staging is not None:  # a trainer that failed mid-update and connects again
+        logger.warning(
+            "dropping an unfinished weight update (%d tensors)", len(state.staging.tensors)
+        )
+        state.staging = None
     served = dict(state.runner.model.named_parameters())
     return WeightTransferInitResponse(
         message=f"Weight transfer initialized ({state.transport})",
