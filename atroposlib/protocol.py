@@ -451,6 +451,11 @@ class GenerateRequest(_Body):
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     return_logprob: bool = False
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    logprob_start_len: int = Field(
+        default=-1,
+        ge=-1,
+        description="With return_logprob: prompt logprobs from this position on (-1: none).",
+    )
 
 
 class GenerateFinishReason(BaseModel):
@@ -476,6 +481,9 @@ class GenerateMetaInfo(BaseModel):
 
     output_token_logprobs: list[tuple[float, int, None]] | None = None
     output_top_logprobs: list[list[tuple[float, int, None]]] | None = None
+    input_token_logprobs: list[tuple[float | None, int, None]] | None = None
+    """Per prompt token: its logprob given the tokens before it (null for the first)."""
+    input_top_logprobs: list[list[tuple[float, int, None]] | None] | None = None
     finish_reason: GenerateFinishReason
     prompt_tokens: int
     completion_tokens: int

@@ -46,6 +46,8 @@ class Sample:
     policy_version: int | None = None  # the weight version of its oldest sampled token
     zero_advantage: bool = False  # override set_advantage_to_zero
     token_versions: np.ndarray | None = None  # (L,) int64, -1 where not sampled
+    distill_ids: np.ndarray | None = None  # (L, K) int64 teacher top-k ids, -1 where none
+    distill_logprobs: np.ndarray | None = None  # (L, K) float32
 
     @property
     def trained_tokens(self) -> int:
@@ -78,6 +80,20 @@ def _meta(group: Mapping[str, Any]) -> GroupMeta | None:
         logger.error("group skipped: %d scores for %d sequences", meta.size, len(group["tokens"]))
         return None
     return meta
+
+
+def _distill_rows(group: Mapping[str, Any], i: int, length: int) -> dict[str, Any]:
+    """Sequence i's teacher top-k as (L, K) arrays (ids -1 where a position has fewer)."""
+    ids, logprobs = group.get("distill_token_ids"), group.get("distill_logprobs")
+    if ids is None or logprobs is None or ids[i] is None or logprobs[i] is None:
+        return {}
+    k = max((len(row) for row in ids[i]), default=0)
+    out_ids = np.full((length, max(k, 1)), -1, np.int64)
+    out_lp = np.zeros((length, max(k, 1)), np.float32)
+    for position, (row_ids, row_lp) in enumerate(zip(ids[i], logprobs[i], strict=True)):
+        out_ids[position, : len(row_ids)] = row_ids
+        out_lp[position, : len(row_lp)] = row_lp
+    return {"distill_ids": out_ids, "distill_logprobs": out_lp}
 
 
 def batch_to_samples(
@@ -121,6 +137,7 @@ def batch_to_samples(
             )
             samples.append(
                 Sample(
+                    **_distill_rows(group, i, len(tokens)),
                     tokens=tokens,
                     labels=_array(group["masks"][i], np.int64),
                     advantages=adv,
@@ -310,6 +327,8 @@ class MicroBatch:
     temperature: Tensor  # (B,)
     sft: Tensor  # (B,) bool
     packed: PackedRows | None = None  # set: the forward runs on these rows, not input_ids
+    distill_ids: Tensor | None = None  # (B, T-1, K) teacher ids of each target, -1: none
+    distill_logprobs: Tensor | None = None  # (B, T-1, K)
 
     def to(self, device: torch.device) -> MicroBatch:
         return MicroBatch(**_moved(self, device))
@@ -325,6 +344,22 @@ def _moved(obj: Any, device: torch.device) -> dict[str, Any]:
             value = PackedRows(**_moved(value, device))
         out[key] = value
     return out
+
+
+def _collate_distill(samples: Sequence[Sample], t: int) -> tuple[Tensor | None, Tensor | None]:
+    """(B, T-1, K) next-token aligned teacher arrays, or None when no sample has them."""
+    with_teacher = [s for s in samples if s.distill_ids is not None]
+    if not with_teacher:
+        return None, None
+    k = max(s.distill_ids.shape[1] for s in with_teacher)  # type: ignore[union-attr]
+    ids = np.full((len(samples), t, k), -1, np.int64)
+    lps = np.zeros((len(samples), t, k), np.float32)
+    for r, s in enumerate(samples):
+        if s.distill_ids is not None and s.distill_logprobs is not None:
+            n, width = s.distill_ids.shape
+            ids[r, : n - 1, :width] = s.distill_ids[1:]  # row p scores token p: target of p-1
+            lps[r, : n - 1, :width] = s.distill_logprobs[1:]
+    return torch.from_numpy(ids[:, : t - 1]), torch.from_numpy(lps[:, : t - 1])
 
 
 def collate(samples: Sequence[Sample], pad_to: int | None = None) -> MicroBatch:
@@ -346,7 +381,10 @@ def collate(samples: Sequence[Sample], pad_to: int | None = None) -> MicroBatch:
     weight = torch.tensor([s.weight for s in samples], dtype=torch.float32)
     mask = torch.from_numpy(labels[:, 1:] != MASK_IGNORE_INDEX).float() * weight[:, None]
     all_ref = all(s.ref_logprobs is not None for s in samples)
+    distill_ids, distill_lp = _collate_distill(samples, t)
     return MicroBatch(
+        distill_ids=distill_ids,
+        distill_logprobs=distill_lp,
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy(attn),
         targets=torch.from_numpy(ids[:, 1:].copy()),

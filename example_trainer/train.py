@@ -39,22 +39,29 @@ from torch import nn
 
 from atroposlib.errors import BrokerError, BrokerUnavailableError, ConfigError
 from atroposlib.protocol import TrainerRegistration
+from atroposlib.utils.cli import configure_logging
 from example_trainer.checkpoint import (
+    STATE_FILE,
     gather_full_state,
     load_optimizer_state,
     load_state,
-    prune_weights,
+    prune_steps,
     resolve_resume,
     save_checkpoint,
-    save_weights,
     set_rng_state,
     unwrap,
+    write_pushed_weights,
 )
 from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan, version_lags
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
+from example_trainer.packing import (
+    micro_batch,
+    micro_batch_plan,
+    model_logprobs,
+    student_distill_logprobs,
+)
 from example_trainer.sync_report import WeightSyncError
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import push_weights, sync_for
@@ -236,6 +243,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 if ref_logp is None and cfg.loss.kl_coef > 0:
                     ref_logp = reference_logprobs(model, ref_model, mb)
                 x = LossInputs(
+                    **distill_inputs(model, mb, cfg),
                     logp=logp,
                     entropy=entropy,
                     mask=mb.mask * (0.0 if dummy else 1.0),
@@ -277,6 +285,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/is_masked_frac": total["is_masked"] / max(total["tokens"], 1.0),
             "train/ref_kl": total["ref_kl"] / max(total["rl_tokens"], 1.0),
             "train/sft_nll": total["sft_nll"] / max(total["sft_tokens"], 1.0),
+            "train/distill_kl": total["distill_kl"] / max(total["tokens"], 1.0),
             "train/trained_tokens": total["tokens"],
             "train/skipped": float(totals.tokens == 0),
             "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
@@ -310,10 +319,11 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             )
 
         # ---- save + acknowledge, then push weights ----------------------------------------
+        checkpoint = None
         if step % cfg.save_interval == 0 or step == cfg.num_steps:
             full = gather_full_state(model, optimizer, sharded)  # collective under FSDP
             if rank == 0:
-                save_checkpoint(
+                checkpoint = save_checkpoint(
                     cfg.save_dir,
                     step,
                     model,
@@ -321,8 +331,10 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                     scheduler,
                     tokenizer,
                     extra={"role_baselines": role_baselines, "config": cfg.model_dump(mode="json")},
+                    optimizer_precision=cfg.checkpoint_optimizer_precision,
                 )
                 client.ack(step)  # type: ignore[union-attr]
+                prune_steps(cfg.save_dir, cfg.keep_last_checkpoints, marker=STATE_FILE)
             if world > 1:
                 dist.barrier()
         if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
@@ -331,12 +343,14 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             if rank == 0:
                 folder = cfg.save_dir / "weights" / f"step-{step}"
                 merged = sync.writes != "adapter"
-                write = partial(save_weights, model, folder, tokenizer, merged, state_dict=weights)
+                write = partial(
+                    write_pushed_weights, model, folder, tokenizer, merged, weights, checkpoint
+                )
                 report = push_weights(sync, model, weights, folder, write, step)
                 tracker.log(report.metrics(), step=step)
                 history[-1].update(report.metrics())
                 failed = report if report.failed else None
-                prune_weights(cfg.save_dir / "weights", keep=2)
+                prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
             failed = broadcast(failed, world)  # every rank stops, not only rank 0
             if failed is not None:
                 raise WeightSyncError(failed)
@@ -364,6 +378,17 @@ def pull_batch(client: BatchSource, patience_s: float) -> Any:
             delay = min(delay * 2, 30.0)
 
 
+def distill_inputs(model: nn.Module, mb: Any, cfg: TrainerConfig) -> dict[str, torch.Tensor]:
+    """The student's and teacher's top-k logprobs when the batch carries a teacher's."""
+    if cfg.loss.distill_coef <= 0 or mb.distill_ids is None:
+        return {}
+    return {
+        "distill_student": student_distill_logprobs(model, mb),  # (B, T-1, K)
+        "distill_teacher": mb.distill_logprobs,
+        "distill_valid": mb.distill_ids >= 0,
+    }
+
+
 def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -> torch.Tensor:
     """Reference logprobs (B, T-1): the frozen model, or the LoRA base with adapters off.
 
@@ -378,9 +403,7 @@ def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO)
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:

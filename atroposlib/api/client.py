@@ -12,7 +12,7 @@ import gzip
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -51,6 +51,19 @@ class Batch:
 
     step: int | None
     groups: list[dict[str, Any]]
+
+
+def backoff_delays(first: float, cap: float, factor: float = 1.5) -> Iterator[float]:
+    """Waits between polls: ``first``, then ``factor`` times longer each time, at most ``cap``.
+
+    >>> from itertools import islice
+    >>> [round(d, 3) for d in islice(backoff_delays(0.25, 1.0), 6)]
+    [0.25, 0.375, 0.562, 0.844, 1.0, 1.0]
+    """
+    delay = first
+    while True:
+        yield min(delay, cap)
+        delay = min(delay * factor, cap)
 
 
 def _headers(api_key: str | None, encoding: Encoding) -> dict[str, str]:
@@ -128,12 +141,21 @@ class TrainerClient:
             self.received_step = step
         return Batch(step, [codec.unpack_group(g) for g in answer["batch"]])
 
-    def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Batch:
+    def wait_for_batch(
+        self, poll_interval: float = 0.25, timeout: float | None = None, max_interval: float = 2.0
+    ) -> Batch:
+        """Poll ``GET /batch`` until a batch is ready, backing off from ``poll_interval`` to
+        ``max_interval`` (a trainer waiting a minute on its envs asks ~35 times, not 120)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        delays = backoff_delays(poll_interval, max_interval)
         while (batch := self.get_batch()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"no batch from {self.base_url} within {timeout} s")
-            time.sleep(poll_interval)
+            delay = next(delays)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no batch from {self.base_url} within {timeout} s")
+                delay = min(delay, left)
+            time.sleep(delay)
         return batch
 
     def ack(self, step: int) -> None:

@@ -4,19 +4,19 @@ enforces each limit, and hostile probes showing the limits hold. Exit 1 when iso
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
 
+from atroposlib.cli._flags import OneLineParser
 from atroposlib.errors import SandboxError
 from atroposlib.sandbox.isolation import isolation_report
 from atroposlib.sandbox.proof import prove_limits
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="atropos-sandbox-check", description=__doc__)
+    parser = OneLineParser(prog="atropos-sandbox-check", description=__doc__)
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     parser.add_argument("--no-probes", action="store_true", help="Skip the hostile probes.")
     args = parser.parse_args(argv)

@@ -33,6 +33,10 @@ class ScoredDataGroup(TypedDict):
     policy_versions: NotRequired[list[int | None] | None]
     token_policy_versions: NotRequired[list[list[int]] | None]
     extra: NotRequired[list[dict[str, Any]] | None]
+    distill_token_ids: NotRequired[list[list[list[int]]] | None]
+    """On-policy distillation: teacher top-k token ids, ``[sequence][position][k]``."""
+    distill_logprobs: NotRequired[list[list[list[float]]] | None]
+    """The teacher's logprobs of ``distill_token_ids``, same shape."""
 
 
 class ScoredDataItem(TypedDict):
@@ -51,17 +55,14 @@ class ScoredDataItem(TypedDict):
     finish_reason: NotRequired[str | None]
     token_policy_versions: NotRequired[list[int] | None]
     extra: NotRequired[dict[str, Any] | None]
+    distill_token_ids: NotRequired[list[list[int]] | None]
+    distill_logprobs: NotRequired[list[list[float]] | None]
 
 
 _PER_SEQUENCE_FIELDS = (
-    "advantages",
-    "ref_logprobs",
-    "messages",
-    "inference_logprobs",
-    "overrides",
-    "token_policy_versions",
-    "extra",
-)
+    "advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides",
+    "token_policy_versions", "extra", "distill_token_ids", "distill_logprobs",
+)  # fmt: skip
 
 
 def group_from_items(items: Sequence[ScoredDataItem]) -> ScoredDataGroup:
@@ -101,10 +102,13 @@ def group_rejection_reason(
     group_size: int,
     max_token_len: int,
     ensure_scores_are_not_same: bool,
+    require_trained_tokens: bool = True,
 ) -> str | None:
     """Why this group must not be sent, or ``None`` when it is fine.
 
     Shapes are checked when the group is built (``ScoredData``); these are the env's rules.
+    ``require_trained_tokens=False`` (``process``, as Atropos wrote them) keeps groups whose
+    every position is masked.
     ``max_token_len <= 0`` means the trainer accepts any length.
 
     >>> ok = ScoredData(tokens=[[1, 2], [1, 3]], masks=[[-100, 2], [-100, 3]], scores=[1, 0])
@@ -122,6 +126,8 @@ def group_rejection_reason(
         longest = max((len(seq) for seq in group.tokens), default=0)
         if longest > max_token_len:
             return f"a sequence has {longest} tokens, over max_token_len {max_token_len}"
-    if all(all(m == MASK_IGNORE_INDEX for m in row) for row in group.masks):
+    if require_trained_tokens and all(
+        all(m == MASK_IGNORE_INDEX for m in row) for row in group.masks
+    ):
         return "every position is masked (-100): nothing to train on"
     return None

@@ -116,6 +116,25 @@ class ModelRunner:
         return batch
 
     @torch.inference_mode()
+    def prompt_logprobs(
+        self, ids: list[int], top_k: int
+    ) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
+        """Teacher scoring: each token's logprob given the ones before it (None for the
+        first), and the ``top_k`` most likely tokens at each position."""
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=tokens).logits[0, :-1].float()  # (L-1, V)
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(-1, tokens[0, 1:, None]).squeeze(-1).tolist()
+        tops: list[list[tuple[float, int]] | None] = [None]
+        if top_k > 0:
+            values, indices = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+            pairs = zip(values.tolist(), indices.tolist(), strict=True)
+            tops += [list(zip(v, i, strict=True)) for v, i in pairs]
+        else:
+            tops += [None] * (len(ids) - 1)
+        return [None, *chosen], tops
+
+    @torch.inference_mode()
     def decode(self, batch: ActiveBatch) -> None:
         """Feed every row's last token through the model and sample the next one."""
         ones = batch.attention_mask.new_ones((len(batch), 1))

@@ -7,9 +7,12 @@ takes strings, token ids or both.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request, Response
 
 from atroposlib.inference.batch import Sequence
+from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.limits import check_request_size
 from atroposlib.inference.requests import (
     bad_request,
@@ -65,7 +68,29 @@ async def generate(
         return done
     state.sample_log.record(done)
     answers = [_answer(seq, body.return_logprob) for seq in done]
+    if body.return_logprob and body.logprob_start_len >= 0:
+        await _add_prompt_logprobs(state.runner, answers, prompts, sp.n, body)
     return answers[0] if single and sp.n == 1 else answers
+
+
+async def _add_prompt_logprobs(
+    runner: ModelRunner,
+    answers: list[GenerateResponse],
+    prompts: list[list[int]],
+    n: int,
+    body: GenerateRequest,
+) -> None:
+    """SGLang's ``input_token_logprobs``/``input_top_logprobs`` (teacher scoring for
+    distillation), computed once per prompt from ``logprob_start_len`` on."""
+    start = body.logprob_start_len
+    for index, ids in enumerate(prompts):
+        chosen, tops = await asyncio.to_thread(runner.prompt_logprobs, ids, body.top_logprobs_num)
+        token_logprobs = [(lp, t, None) for lp, t in zip(chosen, ids, strict=True)][start:]
+        top = [None if p is None else [(lp, t, None) for lp, t in p] for p in tops][start:]
+        for answer in answers[index * n : (index + 1) * n]:
+            answer.meta_info.input_token_logprobs = token_logprobs
+            if body.top_logprobs_num:
+                answer.meta_info.input_top_logprobs = top
 
 
 def _answer(seq: Sequence, return_logprob: bool) -> GenerateResponse:

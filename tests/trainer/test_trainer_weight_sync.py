@@ -139,9 +139,7 @@ def test_disk_reload_reports_a_server_that_kept_its_old_version(tmp_path: Path) 
 
     http = httpx.Client(transport=httpx.MockTransport(handler))
     report = DiskReload(["http://stale"], retries=0, http_client=http).push(tmp_path, step=4)
-    assert report.failed == {
-        "http://stale": "reports weight_version '3' after the update to '4'"
-    }
+    assert report.failed == {"http://stale": "reports weight_version '3' after the update to '4'"}
 
 
 def test_api_key_is_sent_as_bearer_token() -> None:

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence, token_versions
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    GeneratedSequence,
+    ReasoningConfig,
+    token_versions,
+)
 from atroposlib.errors import InferenceError
 
+__all__ = [
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "APIServer",
+    "APIServerConfig",
+    "ReasoningConfig",
+    "VLLMServer",
+    "parse_prompt_logprobs",
+    "parse_vllm_choice",
+]
 _TOKEN_PREFIX = "token_id:"
 
 
@@ -42,6 +59,29 @@ def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> Gener
     )
 
 
+def parse_prompt_logprobs(entries: Any, input_ids: list[int]) -> list[list[tuple[int, float]]]:
+    """vLLM's ``prompt_logprobs`` (``[null, {"id": {"logprob": x, ...}}, ...]``) as, per
+    position, the prompt token's (id, logprob) then the other top-k entries.
+
+    >>> parse_prompt_logprobs([None, {"9": {"logprob": -0.1}, "7": {"logprob": -0.5}}], [5, 7])
+    [[], [(7, -0.5), (9, -0.1)]]
+    """
+    out: list[list[tuple[int, float]]] = []
+    try:
+        for index, token in enumerate(input_ids):
+            entry = entries[index]
+            if not entry:
+                out.append([])
+                continue
+            scored = {int(k): float(v["logprob"] if isinstance(v, dict) else v)
+                      for k, v in entry.items()}  # fmt: skip
+            others = [(k, v) for k, v in scored.items() if k != token]
+            out.append([(token, scored[token]), *others] if token in scored else others)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise InferenceError(f"vLLM prompt_logprobs are malformed: {str(entries)[:200]}") from exc
+    return out
+
+
 class VLLMServer(OpenAIServer):
     """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned."""
 
@@ -63,6 +103,17 @@ class VLLMServer(OpenAIServer):
             return_token_ids=True,
         )
         return await self.timed(split, self._generate(body, n))
+
+    async def prompt_logprobs(
+        self, input_ids: list[int], top_k: int
+    ) -> list[list[tuple[int, float]]]:
+        body = {"model": self.config.model_name, "prompt": input_ids, "max_tokens": 1,
+                "temperature": 0.0, "prompt_logprobs": top_k}  # fmt: skip
+        data = await self.post_json(f"{self.base_url}/completions", body)
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not choices or not isinstance(choices[0], dict):
+            raise InferenceError(f"vLLM returned no choice for prompt logprobs: {str(data)[:200]}")
+        return parse_prompt_logprobs(choices[0].get("prompt_logprobs"), input_ids)
 
     async def _generate(self, body: dict[str, Any], n: int) -> list[GeneratedSequence]:
         data = await self.post_json(f"{self.base_url}/completions", body)
