@@ -68,7 +68,8 @@ def create_app(settings: InferenceSettings) -> FastAPI:
 
     app = FastAPI(title="atroposlib inference", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    chunks = {"/update_weights": (settings.max_weight_chunk_bytes, "--max-weight-chunk-bytes")}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
     guarded = [Depends(_bearer_check(settings.api_key))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)

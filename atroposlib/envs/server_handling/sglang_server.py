@@ -30,7 +30,9 @@ __all__ = [
     "sglang_sampling_params",
 ]
 _SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens"}
-_PASSED_KEYS = ("temperature", "top_p", "top_k", "stop", "min_p", "seed", "stop_token_ids")
+_PASSED_KEYS = (
+    "temperature", "top_p", "top_k", "stop", "min_p", "seed", "stop_token_ids", "ignore_eos",
+)  # fmt: skip
 
 
 def sglang_sampling_params(sampling: dict[str, Any], n: int) -> dict[str, Any]:
