@@ -1,17 +1,16 @@
 """The embedded server's control API (vLLM's routes), with chunks over HTTP or shared memory.
 
 ``http``: each chunk is a safetensors file POSTed to every server. ``shm``: each chunk is
-written once into a POSIX shared-memory block that every server (on this machine) copies
-out of. Tensors are sent in the served dtype (``/init_weight_transfer_engine`` says which),
-so their checksums can be compared with the servers' exactly. The server stages the chunks
-beside the weights it serves, so they travel before the pause, which covers only the swap.
+written once into a POSIX shared-memory block (one block, reused) that every server (on this
+machine) copies out of before it answers. Tensors are sent in the served dtype
+(``/init_weight_transfer_engine`` says which), so their checksums can be compared with the
+servers' exactly. The server stages the chunks beside the weights it serves, so they travel
+before the pause, which covers only the swap.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from multiprocessing import shared_memory
 from typing import Any, Literal
 
@@ -40,6 +39,7 @@ class EmbeddedEngine:
         self.transport, self.chunk_bytes, self.checksum = transport, chunk_bytes, checksum
         self.dtype: torch.dtype = torch.float32
         self._sent: dict[str, str] = {}
+        self._shm = _SharedBlock()
 
     def connect(self, fleet: Fleet) -> None:
         init = {"init_info": {"transport": self.transport}}
@@ -65,8 +65,8 @@ class EmbeddedEngine:
                 headers = {"content-type": "application/octet-stream"}
                 fleet.post_all("/update_weights", content=body, headers=headers)
             else:
-                with _shared_block(chunk) as info:
-                    fleet.post_all("/update_weights", json={"update_info": info})
+                info = self._shm.pack(chunk)
+                fleet.post_all("/update_weights", json={"update_info": info})
 
     def finish(self, fleet: Fleet, version: str) -> None:
         fleet.post_all("/finish_weight_update", json={"weight_version": version})
@@ -89,27 +89,41 @@ class EmbeddedEngine:
         return self._sent if self.checksum else None
 
     def close(self) -> None:
-        """Nothing held between pushes."""
+        self._shm.release()
 
 
-@contextmanager
-def _shared_block(chunk: dict[str, Tensor]) -> Iterator[dict[str, Any]]:
-    """The chunk packed back to back in a new shared-memory block (unlinked afterwards)."""
-    sizes = [t.numel() * t.element_size() for t in chunk.values()]
-    block = shared_memory.SharedMemory(create=True, size=max(1, sum(sizes)))
-    try:
+class _SharedBlock:
+    """One POSIX shared-memory block reused for every chunk of every push (grown when a chunk
+    needs more): a fresh block per chunk spends most of a push faulting its pages in."""
+
+    def __init__(self) -> None:
+        self._block: shared_memory.SharedMemory | None = None
+
+    def pack(self, chunk: dict[str, Tensor]) -> dict[str, Any]:
+        """The chunk copied back to back into the block; the ``update_info`` naming it."""
+        sizes = [t.numel() * t.element_size() for t in chunk.values()]
+        block = self._fit(max(1, sum(sizes)))
         offset = 0
         for tensor, size in zip(chunk.values(), sizes, strict=True):
             target = torch.frombuffer(block.buf, dtype=torch.uint8, count=size, offset=offset)
             target.copy_(tensor.view(-1).view(torch.uint8))
             del target  # the block cannot close while a tensor points into it
             offset += size
-        yield {
+        return {
             "names": list(chunk),
             "dtype_names": [dtype_name(t.dtype) for t in chunk.values()],
             "shapes": [list(t.shape) for t in chunk.values()],
             "shm_name": block.name,
         }
-    finally:
-        block.close()
-        block.unlink()
+
+    def _fit(self, size: int) -> shared_memory.SharedMemory:
+        if self._block is None or self._block.size < size:
+            self.release()
+            self._block = shared_memory.SharedMemory(create=True, size=size)
+        return self._block
+
+    def release(self) -> None:
+        if self._block is not None:
+            self._block.close()
+            self._block.unlink()
+            self._block = None
