@@ -47,6 +47,24 @@ class LiveEngine(Protocol):
     def close(self) -> None: ...
 
 
+class VllmRoutes:
+    """The pause, resume and read-back calls of vLLM's control API, which the embedded
+    server speaks too."""
+
+    def pause(self, fleet: Fleet, mode: PauseMode) -> None:
+        fleet.post_all("/pause", params={"mode": mode})
+
+    def resume(self, fleet: Fleet) -> None:
+        fleet.post_all("/resume")
+
+    def versions(self, fleet: Fleet) -> dict[str, str]:
+        return {url: str(a["weight_version"]) for url, a in fleet.get_all("/weight_info").items()}
+
+    def checksums(self, fleet: Fleet) -> dict[str, dict[str, str]] | None:
+        answers = fleet.post_all("/weight_checker", json={"action": "checksum"})
+        return {url: dict(answer["checksums"]) for url, answer in answers.items()}
+
+
 class LiveSync:
     """A weight-sync strategy (see ``example_trainer.weight_sync``) over an engine's live API."""
 

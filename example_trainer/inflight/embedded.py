@@ -19,7 +19,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from atroposlib.inference.weight_transfer import DTYPES, checksums, dtype_name
-from example_trainer.inflight.driver import PauseMode
+from example_trainer.inflight.driver import VllmRoutes
 from example_trainer.inflight.fleet import Fleet, SyncFailure
 from example_trainer.inflight.tensors import PushedWeights, chunks
 
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 Transport = Literal["http", "shm"]
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(VllmRoutes):
     """``weight_sync: embedded``: atroposlib's inference server, weights in flight on CPU."""
 
     stages_before_pause = True
@@ -51,9 +51,6 @@ class EmbeddedEngine:
             )
         self.dtype = DTYPES[next(iter(served.values()))]
 
-    def pause(self, fleet: Fleet, mode: PauseMode) -> None:
-        fleet.post_all("/pause", params={"mode": mode})
-
     def send(self, fleet: Fleet, weights: PushedWeights, version: str) -> None:
         fleet.post_all("/start_weight_update")
         self._sent = {}
@@ -74,16 +71,6 @@ class EmbeddedEngine:
     def after_swap(self, fleet: Fleet, recompute_kv: bool) -> None:
         if recompute_kv:
             fleet.post_all("/reset_prefix_cache", params={"reset_running_requests": "true"})
-
-    def resume(self, fleet: Fleet) -> None:
-        fleet.post_all("/resume")
-
-    def versions(self, fleet: Fleet) -> dict[str, str]:
-        return {url: str(a["weight_version"]) for url, a in fleet.get_all("/weight_info").items()}
-
-    def checksums(self, fleet: Fleet) -> dict[str, dict[str, str]] | None:
-        answers = fleet.post_all("/weight_checker", json={"action": "checksum"})
-        return {url: dict(answer["checksums"]) for url, answer in answers.items()}
 
     def sent_checksums(self) -> dict[str, str] | None:
         return self._sent if self.checksum else None

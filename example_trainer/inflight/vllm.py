@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from example_trainer.inflight.driver import PauseMode
+from example_trainer.inflight.driver import VllmRoutes
 from example_trainer.inflight.fleet import Fleet
 from example_trainer.inflight.tensors import PushedWeights
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 Backend = Literal["nccl", "ipc", "disk"]
 
 
-class VllmEngine:
+class VllmEngine(VllmRoutes):
     """``weight_sync: vllm``."""
 
     stages_before_pause = False  # vLLM writes the chunks into the served weights
@@ -96,9 +96,6 @@ class VllmEngine:
         )
         return WeightTransferTrainerFactory, info
 
-    def pause(self, fleet: Fleet, mode: PauseMode) -> None:
-        fleet.post_all("/pause", params={"mode": mode})
-
     def send(self, fleet: Fleet, weights: PushedWeights, version: str) -> None:
         if self.backend == "disk":
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights.folder())}}
@@ -121,16 +118,6 @@ class VllmEngine:
         if refused:  # blocks held by frozen requests (keep mode): a cache entry may be stale
             self.cache_resets_refused += len(refused)
             logger.info("prefix cache not reset on %s (requests hold its blocks)", refused)
-
-    def resume(self, fleet: Fleet) -> None:
-        fleet.post_all("/resume")
-
-    def versions(self, fleet: Fleet) -> dict[str, str]:
-        return {url: str(a["weight_version"]) for url, a in fleet.get_all("/weight_info").items()}
-
-    def checksums(self, fleet: Fleet) -> dict[str, dict[str, str]] | None:
-        answers = fleet.post_all("/weight_checker", json={"action": "checksum"})
-        return {url: dict(answer["checksums"]) for url, answer in answers.items()}
 
     def sent_checksums(self) -> dict[str, str] | None:
         return None
