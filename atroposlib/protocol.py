@@ -465,7 +465,11 @@ class GenerateFinishReason(BaseModel):
     type: Literal["stop", "length", "abort"]
     matched: int | str | None = None
     length: int | None = None
-    message: str | None = None
+    message: str | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Why it was aborted (SGLang's field); absent otherwise.",
+    )
 
 
 class WeightVersionSpan(BaseModel):
