@@ -1,0 +1,225 @@
+"""Any verifiers (v1) environment as a ``BaseEnv``: ``--env.vf_env NAME --env.vf_args '{...}'``.
+
+The environment is loaded by its taskset id (an installed package or module, or a Hub id
+``owner/name[@version]``) with ``vf_args`` as its taskset settings; ``vf_config`` sets the rest
+of verifiers' env config (env id such as ``user-sim``, seat settings such as ``max_turns``).
+Each item is one of its tasks; ``group_size`` episodes of it run through verifiers' own
+``Env.run_episode`` (its harness loop, stops, tools, user simulators, scoring), with every
+model call sampled token-in/token-out through our ``ServerManager`` (``vf_client``) and every
+seat's program run in-process (``vf_harness``). A trace's token branch becomes the sequence;
+its weighted reward the score; each reward function's and metric's value is kept per sequence
+(``overrides.vf_rewards`` / ``vf_metrics``) and logged as a metric.
+
+A group is posted only when every episode finished cleanly: a failure of the environment
+(a reward function raising, a tool server gone, a timeout) drops the group and is counted by
+its cause; an inference failure is infrastructure: the group is dropped, counted, and the
+item retried later. Nothing is ever posted half-scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
+
+from atroposlib.envs.adapters.tokens import ChatTokens, TokenTrajectory, scored_group
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.server_handling.managed import PROMPT_LOGPROB
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.errors import ConfigError, InferenceUnavailableError
+from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.type_definitions import Item
+
+logger = logging.getLogger(__name__)
+
+
+class VerifiersEnvConfig(BaseEnvConfig):
+    vf_env: str = Field(
+        default="", description="verifiers environment: its taskset id (package or module name)."
+    )
+    vf_args: dict[str, Any] = Field(
+        default_factory=dict, description="The environment's taskset settings (JSON object)."
+    )
+    vf_eval_args: dict[str, Any] | None = Field(
+        default=None, description="Taskset settings for evaluate() (default: vf_args)."
+    )
+    vf_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other verifiers env settings: id (user-sim...), seats (agent.max_turns...).",
+    )
+    max_completion_tokens: int = Field(default=512, ge=1, description="Tokens per model turn.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
+    eval_size: int = Field(default=64, ge=1, description="Eval tasks that evaluate() runs.")
+    shuffle_seed: int = Field(default=0, description="Seed that orders a finite taskset.")
+
+
+def trajectory_from_trace(trace: Any) -> TokenTrajectory:
+    """The trace's one trainable token branch as a sequence (ids exactly as sampled)."""
+    from verifiers.v1.dialects.chat import message_to_wire
+
+    branches = [branch for branch in trace.branches if branch.trainable]
+    if len(branches) != 1:
+        raise ValueError(f"unsupported: the trace has {len(branches)} trainable branches")
+    branch = branches[0]
+    tokens, sampled = branch.token_ids, branch.sampled_mask
+    if not any(sampled):
+        raise ValueError("the trace has no sampled tokens")
+    logprobs = branch.logprobs
+    finish = branch.calls[-1].finish_reason if branch.calls else None
+    return TokenTrajectory(
+        tokens=list(tokens),
+        masks=[t if s else MASK_IGNORE_INDEX for t, s in zip(tokens, sampled, strict=True)],
+        logprobs=[lp if s else PROMPT_LOGPROB for lp, s in zip(logprobs, sampled, strict=True)],
+        messages=[message_to_wire(m) for m in branch.messages],
+        finish_reason="length" if finish == "length" else "stop",
+        turns=sum(1 for node in branch.nodes if node.sampled),
+    )
+
+
+def signals(trace: Any) -> dict[str, dict[str, float]]:
+    """Each reward function's (unweighted) score and each metric of a finished trace."""
+    rewards = {k: float(r.score) for k, r in trace.rewards.items() if r is not None}
+    metrics = {k: float(v) for k, v in trace.metrics.items() if v is not None}
+    return {"vf_rewards": rewards, "vf_metrics": metrics}
+
+
+class VerifiersEnv(BaseEnv):
+    name = "verifiers"
+    env_config_cls = VerifiersEnvConfig
+    config: VerifiersEnvConfig
+
+    @classmethod
+    def config_init(cls) -> tuple[VerifiersEnvConfig, list[APIServerConfig]]:
+        config = VerifiersEnvConfig(
+            tokenizer_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+            group_size=8,
+            max_token_length=2048,
+            steps_per_eval=0,
+        )
+        server = APIServerConfig(
+            model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+        )
+        return config, [server]
+
+    async def setup(self) -> None:
+        from atroposlib.envs.adapters import vf_loader
+
+        if not self.config.vf_env:
+            raise ConfigError("--env.vf_env is required: the verifiers environment to load")
+        if not any(server.supports_token_ids for server in self.server.servers):
+            raise ConfigError("verifiers environments sample token ids: set server_type to "
+                              "embedded, sglang or vllm")  # fmt: skip
+        chat = ChatTokens(self.tokenizer)
+        self.vf = vf_loader.load(self.config, self.config.vf_args)
+        self.ctx = vf_loader.model_context(self, chat, split="train")
+        self.eval_ctx = vf_loader.model_context(self, chat, split="eval")
+        self.failures: Counter[str] = Counter()
+        self.signal_values: dict[str, list[float]] = defaultdict(list)
+        self.tasks = self._task_stream()
+        self._serving = await vf_loader.hold_serving(self.vf)
+
+    def _task_stream(self) -> Iterator[Any]:
+        taskset = self.vf.taskset
+        if not taskset.bounded:
+            yield from taskset
+            return
+        rng = random.Random(self.config.shuffle_seed)
+        tasks = list(taskset)
+        if not tasks:
+            raise ConfigError(f"the taskset of {self.config.vf_env!r} has no tasks")
+        while True:
+            rng.shuffle(tasks)
+            yield from tasks
+
+    async def get_next_item(self) -> Item:
+        return next(self.tasks)
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+        runs = [self.vf.run_episode(item, self.ctx) for _ in range(self.config.group_size)]
+        episodes = await asyncio.gather(*runs)
+        traces, cause = self._judge(episodes, self.ctx.client.route)
+        if cause is not None:
+            self.failures[cause] += 1
+            logger.warning("verifiers group dropped (%s): %s", cause, self._first_error(episodes))
+            if cause.startswith("inference"):
+                raise InferenceUnavailableError(f"inference failed during {self.config.vf_env}")
+            return None, []
+        trajectories = [trajectory_from_trace(trace) for trace in traces]
+        extras = [signals(trace) for trace in traces]
+        for extra in extras:
+            for kind, values in extra.items():
+                for name, value in values.items():
+                    self.signal_values[f"{kind.removeprefix('vf_')}/{name}"].append(value)
+        scores = [float(trace.reward) for trace in traces]
+        return scored_group(trajectories, scores, overrides=extras), []
+
+    def _judge(self, episodes: list[Any], route_key: str) -> tuple[list[Any], str | None]:
+        """The trace to train per episode, or why the group cannot be posted."""
+        from atroposlib.envs.adapters.vf_client import route
+
+        failed = route(route_key).failed_sessions
+        traces: list[Any] = []
+        for episode in episodes:
+            if any(failed.pop(trace.id, None) for trace in episode.traces):
+                return [], "inference"
+            if not episode.ok:
+                error = episode.last_error or next(
+                    (t.last_error for t in episode.traces if t.last_error), None
+                )
+                return [], f"env_error/{error.type if error else 'unknown'}"
+            trainable = [trace for trace in episode.traces if trace.agent.trainable]
+            if len(trainable) != 1:
+                return [], f"unsupported/{len(trainable)}_trainable_traces"
+            if len([b for b in trainable[0].branches if b.trainable]) != 1:
+                return [], "unsupported/forked_trace"
+            traces.append(trainable[0])
+        return traces, None
+
+    @staticmethod
+    def _first_error(episodes: list[Any]) -> str:
+        for episode in episodes:
+            for error in [*episode.errors, *(e for t in episode.traces for e in t.errors)]:
+                return f"{error.type}: {error.message[:300]}"
+        return "no error recorded"
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        from atroposlib.envs.adapters import vf_loader
+
+        started = time.time()
+        eval_args = self.config.vf_eval_args
+        taskset = vf_loader.load_taskset(self.config, self.config.vf_args if eval_args is None
+                                         else eval_args)  # fmt: skip
+        tasks = list(taskset.take(self.config.eval_size))
+        episodes = await asyncio.gather(*(self.vf.run_episode(t, self.eval_ctx) for t in tasks))
+        samples, failed = [], 0
+        for task, episode in zip(tasks, episodes, strict=True):
+            traces, cause = self._judge([episode], self.eval_ctx.client.route)
+            if cause is not None:
+                failed += 1
+                continue
+            trace = traces[0]
+            samples.append({"task": task.data.idx, "prompt": task.data.prompt_text,
+                            "response": trace.last_reply, "score": float(trace.reward),
+                            **signals(trace)})  # fmt: skip
+        metrics = {"eval/failed": float(failed), "eval/episodes": float(len(samples))}
+        if samples:
+            metrics["eval/reward"] = sum(s["score"] for s in samples) / len(samples)
+            for name in samples[0]["vf_rewards"]:
+                values = [s["vf_rewards"].get(name, 0.0) for s in samples]
+                metrics[f"eval/reward/{name}"] = sum(values) / len(values)
+        await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
+
+    async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
+        metrics = dict(wandb_metrics or {})
+        for name, values in self.signal_values.items():
+            metrics[f"vf/{name}"] = sum(values) / len(values)
+        for cause, count in self.failures.items():
+            metrics[f"vf/dropped_groups/{cause}"] = float(count)
+        self.signal_values.clear()
+        await super().wandb_log(metrics)

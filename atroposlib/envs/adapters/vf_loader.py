@@ -1,0 +1,100 @@
+"""Loading a verifiers environment for the adapter: config, model context, serving lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from atroposlib.envs.adapters import vf_client, vf_harness
+from atroposlib.envs.adapters.tokens import ChatTokens
+from atroposlib.errors import ConfigError
+
+if TYPE_CHECKING:
+    from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
+
+LOCAL_RUNTIME = {"type": "subprocess"}
+
+
+def env_config(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:
+    """verifiers' env config: our seat defaults (in-process harness, local runtime) under
+    whatever ``vf_config`` pins, the taskset id and its settings."""
+    import verifiers.v1 as vf
+
+    raw: dict[str, Any] = {key: value for key, value in config.vf_config.items()}
+    raw["taskset"] = {**(raw.get("taskset") or {}), **taskset_args, "id": config.vf_env}
+    try:
+        config_cls = vf.env_config_type(config.vf_env, str(raw.get("id") or ""))
+    except (ModuleNotFoundError, TypeError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"cannot load verifiers environment {config.vf_env!r}: {exc}") from exc
+    for name, field in config_cls.model_fields.items():
+        if not isinstance(field.default, vf.AgentConfig):
+            continue
+        seat = dict(raw.get(name) or {})
+        if field.default.harness is None:
+            seat.setdefault("harness", {"id": vf_harness.HARNESS_ID})
+        if field.default.runtime.type == "prime":
+            seat.setdefault("runtime", LOCAL_RUNTIME)
+        raw[name] = seat
+    try:
+        return vf.resolve_env_config(raw)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ConfigError(f"--env.vf_args / --env.vf_config: {exc}") from exc
+
+
+def load(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:
+    """The verifiers ``Env``, with our client and harness made resolvable."""
+    import verifiers.v1 as vf
+
+    vf_client.install()
+    vf_harness.register()
+    return vf.load_environment(env_config(config, taskset_args))
+
+
+def load_taskset(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:
+    import verifiers.v1 as vf
+
+    return vf.load_taskset(env_config(config, taskset_args).taskset)
+
+
+def model_context(env: VerifiersEnv, chat: ChatTokens, *, split: str) -> Any:
+    """The rollout context: our client (a route to ``env.server``) and the sampling settings."""
+    import verifiers.v1 as vf
+
+    temperature = env.config.temperature if split == "train" else 0.0
+    key = vf_client.register_route(
+        vf_client.TokenRoute(
+            server=env.server,
+            chat=chat,
+            max_token_length=env.config.max_token_length,
+            max_tokens=env.config.max_completion_tokens,
+            temperature=temperature,
+            split=split,
+        )
+    )
+    return vf.ModelContext(
+        model=env.server.servers[0].config.model_name,
+        client=vf_client.AtroposClientConfig(route=key),
+        sampling=vf.SamplingConfig(
+            temperature=temperature, max_tokens=env.config.max_completion_tokens
+        ),
+    )
+
+
+async def hold_serving(vf_env: Any) -> asyncio.Task[None]:
+    """Enter ``vf_env.serving()`` (interception, shared tool servers) in a task that holds it
+    until cancelled: at the end of the run, ``asyncio.run`` cancels it and it tears down."""
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def hold() -> None:
+        try:
+            async with vf_env.serving():
+                ready.set_result(None)
+                await asyncio.Event().wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    task = asyncio.create_task(hold(), name="verifiers-serving")
+    await ready
+    return task
