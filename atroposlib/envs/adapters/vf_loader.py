@@ -37,6 +37,8 @@ def env_config(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:
         raw[name] = seat
     try:
         return vf.resolve_env_config(raw)
+    except (ModuleNotFoundError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"cannot load verifiers environment {config.vf_env!r}: {exc}") from exc
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ConfigError(f"--env.vf_args / --env.vf_config: {exc}") from exc
 
@@ -47,7 +49,11 @@ def load(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:
 
     vf_client.install()
     vf_harness.register()
-    return vf.load_environment(env_config(config, taskset_args))
+    settings = env_config(config, taskset_args)
+    try:
+        return vf.load_environment(settings)
+    except (ModuleNotFoundError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"cannot load verifiers environment {config.vf_env!r}: {exc}") from exc
 
 
 def load_taskset(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:

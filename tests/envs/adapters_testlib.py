@@ -1,0 +1,182 @@
+"""Environments of other ecosystems for the adapter tests, and a token-recording server.
+
+``SINGLE_TURN`` and ``MULTI_TURN`` are verifiers (v1) environments written here in the
+verifiers API; ``write_vf_envs`` puts them in a folder as importable packages. Their reward
+functions are module-level pure functions, so a test can score a completion the way the
+environment does. The OpenEnv environment is ``openenv_guess_server.py`` beside this file.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+
+HERE = Path(__file__).resolve().parent
+GUESS_SERVER = HERE / "openenv_guess_server.py"
+
+SINGLE_TURN = '''
+"""Single-turn arithmetic with a two-function rubric (weights 1.0 and 0.5)."""
+import verifiers.v1 as vf
+
+
+def correct(reply: str, answer: str) -> float:
+    return float(answer in reply)
+
+
+def brevity(reply: str) -> float:
+    return 1.0 / (1.0 + len(reply) / 40)
+
+
+class SumData(vf.TaskData):
+    answer: str
+
+
+class SumTask(vf.Task[SumData]):
+    @vf.stop
+    async def one_turn(self, trace: vf.Trace) -> bool:
+        return trace.num_turns >= 1
+
+    @vf.reward(weight=1.0)
+    async def correct_answer(self, trace: vf.Trace) -> float:
+        if "FAIL_REWARD" in (trace.last_reply or "") or self.data.answer == "boom":
+            raise RuntimeError("the reward function crashed")
+        return correct(trace.last_reply or "", self.data.answer)
+
+    @vf.reward(weight=0.5)
+    async def short_answer(self, trace: vf.Trace) -> float:
+        return brevity(trace.last_reply or "")
+
+
+class SumConfig(vf.TasksetConfig):
+    size: int = 6
+    offset: int = 0
+    broken: bool = False
+
+
+class SumTaskset(vf.Taskset[SumTask, SumConfig]):
+    def load(self):
+        return [
+            SumTask(
+                SumData(
+                    prompt=f"What is {i + self.config.offset} + 2? Reply with the number.",
+                    system_prompt="Answer briefly.",
+                    answer="boom" if self.config.broken else str(i + self.config.offset + 2),
+                ),
+                self.config.task,
+            )
+            for i in range(self.config.size)
+        ]
+
+
+__all__ = ["SumTaskset"]
+'''
+
+MULTI_TURN = '''
+"""Multi-turn: a scripted user asks for two numbers in turn; the reward is the share said."""
+import verifiers.v1 as vf
+
+
+def said(replies: list[str], numbers: list[int]) -> float:
+    hits = [str(n) in reply for n, reply in zip(numbers, replies)]
+    return sum(hits) / len(numbers)
+
+
+class SayData(vf.TaskData):
+    numbers: list[int]
+
+
+class SayTask(vf.Task[SayData]):
+    @vf.reward(weight=1.0)
+    async def said_numbers(self, trace: vf.Trace) -> float:
+        return said([m.content or "" for m in trace.assistant_messages], self.data.numbers)
+
+    @vf.metric
+    async def turns(self, trace: vf.Trace) -> float:
+        return float(trace.num_turns)
+
+
+class SayEnv(vf.SingleAgentEnv):
+    async def run(self, task, agents):
+        async with agents.agent.interaction(task) as interaction:
+            for number in task.data.numbers:
+                if (await interaction.turn(f"Say the number {number}.")).terminated:
+                    break
+
+
+class SayTaskset(vf.Taskset[SayTask, vf.TasksetConfig]):
+    def load(self):
+        return [
+            SayTask(SayData(prompt=None, numbers=[i, i + 3]), self.config.task) for i in range(4)
+        ]
+
+
+__all__ = ["SayEnv", "SayTaskset"]
+'''
+
+
+def write_vf_envs(folder: Path) -> Path:
+    """The two environments as packages ``vf_sum`` and ``vf_say`` under ``folder``."""
+    for name, source in (("vf_sum", SINGLE_TURN), ("vf_say", MULTI_TURN)):
+        package = folder / name
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(textwrap.dedent(source))
+    return folder
+
+
+def import_vf_env(folder: Path, name: str) -> Any:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return __import__(name)
+
+
+class RecordingServer:
+    """Wraps a server's ``generate``: every prompt sent and every reply sampled, in order."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.calls: list[tuple[list[int], GeneratedSequence]] = []
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        replies = await self.server.generate(input_ids, n, sampling)
+        self.calls.extend((list(input_ids), reply) for reply in replies)
+        return list(replies)
+
+
+def sampled_spans(masks: list[int]) -> list[list[int]]:
+    """The runs of trained ids in a mask row (one per sampled reply)."""
+    spans: list[list[int]] = []
+    previous = -100
+    for mask in masks:
+        if mask != -100:
+            if previous == -100:
+                spans.append([])
+            spans[-1].append(mask)
+        previous = mask
+    return spans
+
+
+def assert_token_exact(group: dict[str, Any], calls: list[tuple[list[int], Any]]) -> None:
+    """Every trained id is an id the server sampled, each request sent the exact prefix."""
+    by_prompt = {tuple(prompt): reply for prompt, reply in calls}
+    for tokens, masks, logprobs in zip(
+        group["tokens"], group["masks"], group["inference_logprobs"], strict=True
+    ):
+        assert len(tokens) == len(masks) == len(logprobs)
+        position = 0
+        spans = sampled_spans(masks)
+        assert spans, "no sampled ids"
+        for span in spans:
+            start = masks.index(span[0], position)
+            prompt = tuple(tokens[:start])
+            assert prompt in by_prompt, "a reply was sampled after a prefix the server never saw"
+            reply = by_prompt[prompt]
+            assert span == list(reply.output_ids)
+            assert logprobs[start : start + len(span)] == list(reply.logprobs)
+            position = start + len(span)
+        assert all(lp == 1.0 for lp, m in zip(logprobs, masks, strict=True) if m == -100)

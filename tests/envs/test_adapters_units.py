@@ -1,0 +1,170 @@
+"""The adapters without a model: template deltas, failure accounting, configuration errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from adapters_testlib import GUESS_SERVER, write_vf_envs
+from envs_testlib import tokenizer_path
+
+from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv, failure_cause
+from atroposlib.envs.adapters.tokens import ChatTokens
+from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig, GeneratedSequence
+from atroposlib.errors import ConfigError, InferenceUnavailableError
+
+EMBEDDED = [APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="embedded")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_path())
+
+
+class ScriptedTokens:
+    """A token server that always replies ``text`` (or raises ``error``)."""
+
+    def __init__(self, tokenizer: Any, text: str, error: Exception | None = None) -> None:
+        self.ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+        self.error = error
+        self.calls = 0
+
+    async def generate(self, input_ids: list[int], n: int, sampling: dict[str, Any]) -> list:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return [GeneratedSequence(list(self.ids), [-0.5] * len(self.ids), "stop")] * n
+
+
+def test_continuation_equals_the_template_of_the_whole_chat(tokenizer: Any) -> None:
+    chat = ChatTokens(tokenizer)
+    first = [{"role": "user", "content": "Hi"}]
+    reply = [*tokenizer.encode("Hello there", add_special_tokens=False), tokenizer.eos_token_id]
+    new = [{"role": "user", "content": "Again?"}]
+    history = [*first, {"role": "assistant", "content": "Hello there"}]
+    ids = chat.prompt_ids(first) + reply + chat.continuation_ids(history, new, reply[-1])
+    assert ids == chat.prompt_ids([*history, *new])
+
+
+def test_tools_go_to_the_system_prompt_when_the_template_has_no_tools(tokenizer: Any) -> None:
+    chat = ChatTokens(tokenizer)
+    tool = {"name": "lookup", "description": "Look up a fact.", "parameters": {}}
+    text = tokenizer.decode(chat.prompt_ids([{"role": "user", "content": "x"}], [tool]))
+    assert '"name": "lookup"' in text and "<tool_call>" in text
+
+
+def make_vf_env(tmp_path: Path, tokenizer: Any, **settings: Any) -> VerifiersEnv:
+    sys.path.insert(0, str(write_vf_envs(tmp_path)))
+    config = VerifiersEnvConfig(
+        tokenizer_name=tokenizer_path(),
+        group_size=2,
+        use_wandb=False,
+        vf_env="vf_sum",
+        ensure_scores_are_not_same=False,
+        **settings,
+    )
+    env = VerifiersEnv(config, EMBEDDED)
+    env.tokenizer = tokenizer
+    return env
+
+
+async def test_a_crashing_reward_function_drops_the_group_and_counts_it(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    env = make_vf_env(tmp_path, tokenizer, vf_args={"broken": True})
+    await env.setup()
+    env.server.generate = ScriptedTokens(tokenizer, "4").generate  # type: ignore[method-assign]
+    assert await env.run_item(await env.get_next_item(), max_token_len=-1) == []
+    assert env.failures == {"env_error/TaskError": 1}
+    await env.server.close()
+
+
+async def test_an_inference_failure_is_not_a_zero_reward(tmp_path: Path, tokenizer: Any) -> None:
+    env = make_vf_env(tmp_path, tokenizer)
+    await env.setup()
+    down = ScriptedTokens(tokenizer, "", InferenceUnavailableError("server down"))
+    env.server.generate = down.generate  # type: ignore[method-assign]
+    item = await env.get_next_item()
+    assert await env.run_item(item, max_token_len=-1) == []
+    assert env.failures == {"inference": 1}
+    assert env.backlog == [item]  # retried later, never scored
+    await env.server.close()
+
+
+async def test_a_scripted_group_carries_each_reward_function(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    env = make_vf_env(tmp_path, tokenizer)
+    await env.setup()
+    env.server.generate = ScriptedTokens(tokenizer, "2").generate  # type: ignore[method-assign]
+    [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
+    for score, extra in zip(group["scores"], group["overrides"], strict=True):
+        rewards = extra["vf_rewards"]
+        assert set(rewards) == {"correct_answer", "short_answer"}
+        assert score == pytest.approx(rewards["correct_answer"] + 0.5 * rewards["short_answer"])
+    await env.server.close()
+
+
+async def test_unknown_environment_and_openai_server_are_config_errors(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    env = make_vf_env(tmp_path, tokenizer)
+    env.config.vf_env = "no_such_verifiers_env"
+    with pytest.raises(ConfigError, match="no_such_verifiers_env"):
+        await env.setup()
+    plain = VerifiersEnv(VerifiersEnvConfig(vf_env="vf_sum", use_wandb=False),
+                         [APIServerConfig(base_url="http://127.0.0.1:9/v1")])  # fmt: skip
+    with pytest.raises(ConfigError, match="server_type"):
+        await plain.setup()
+
+
+def make_openenv(tokenizer: Any, **settings: Any) -> OpenEnvEnv:
+    command = f"{sys.executable} {GUESS_SERVER} --port {{port}}"
+    config = OpenEnvConfig(tokenizer_name=tokenizer_path(), group_size=2, use_wandb=False,
+                           ensure_scores_are_not_same=False,
+                           openenv_command=command, **settings)  # fmt: skip
+    env = OpenEnvEnv(config, EMBEDDED)
+    env.tokenizer = tokenizer
+    return env
+
+
+async def test_openenv_server_errors_drop_the_group_by_cause(tokenizer: Any) -> None:
+    env = make_openenv(tokenizer)
+    await env.setup()
+    try:
+        env.server.generate = ScriptedTokens(tokenizer, "crash").generate  # type: ignore[method-assign]
+        assert await env.run_item(await env.get_next_item(), max_token_len=-1) == []
+        assert env.failures == {"server_error/EXECUTION_ERROR": 1}
+        env.server.generate = ScriptedTokens(tokenizer, "7").generate  # type: ignore[method-assign]
+        [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
+        assert all(extra["openenv_steps"] >= 1 for extra in group["overrides"])
+        env._server_task.cancel()  # the server is gone: the next episode cannot reach it
+        await __import__("asyncio").sleep(0.5)
+        assert await env.run_item(await env.get_next_item(), max_token_len=-1) == []
+        assert env.failures["server_unreachable"] == 1
+    finally:
+        env._server_task.cancel()
+        await env.server.close()
+
+
+async def test_openenv_action_field_is_checked_against_the_schema(tokenizer: Any) -> None:
+    env = make_openenv(tokenizer, action_field="move")
+    try:
+        with pytest.raises(ConfigError, match=r"'move' is not a field.*\['message'\]"):
+            await env.setup()
+    finally:
+        if hasattr(env, "_server_task"):
+            env._server_task.cancel()
+
+
+def test_failure_causes() -> None:
+    assert failure_cause(InferenceUnavailableError("x")) == "inference"
+    assert failure_cause(RuntimeError("Server error: boom (code: EXECUTION_ERROR)")) == (
+        "server_error/EXECUTION_ERROR"
+    )
+    assert failure_cause(ConnectionError("refused")) == "server_unreachable"
