@@ -3,7 +3,7 @@
 ``SINGLE_TURN`` and ``MULTI_TURN`` are verifiers (v1) environments written here in the
 verifiers API; ``write_vf_envs`` puts them in a folder as importable packages. Their reward
 functions are module-level pure functions, so a test can score a completion the way the
-environment does. The OpenEnv environment is ``openenv_guess_server.py`` beside this file.
+environment does. The OpenEnv environment is ``environments/openenv_env/guess_server.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 
 HERE = Path(__file__).resolve().parent
-GUESS_SERVER = HERE / "openenv_guess_server.py"
+GUESS_SERVER = HERE.parents[1] / "environments" / "openenv_env" / "guess_server.py"
 
 SINGLE_TURN = '''
 """Single-turn arithmetic with a two-function rubric (weights 1.0 and 0.5)."""
@@ -137,13 +137,13 @@ class RecordingServer:
     """Wraps a server's ``generate``: every prompt sent and every reply sampled, in order."""
 
     def __init__(self, server: Any) -> None:
-        self.server = server
+        self.sample = server.generate  # the server's own method, before it is replaced
         self.calls: list[tuple[list[int], GeneratedSequence]] = []
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
     ) -> list[GeneratedSequence]:
-        replies = await self.server.generate(input_ids, n, sampling)
+        replies = await self.sample(input_ids, n, sampling)
         self.calls.extend((list(input_ids), reply) for reply in replies)
         return list(replies)
 

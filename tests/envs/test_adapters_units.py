@@ -168,3 +168,33 @@ def test_failure_causes() -> None:
         "server_error/EXECUTION_ERROR"
     )
     assert failure_cause(ConnectionError("refused")) == "server_unreachable"
+
+
+async def test_evaluate_runs_the_eval_split_and_keeps_each_reward(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    env = make_vf_env(tmp_path, tokenizer, vf_eval_args={"size": 3, "offset": 10}, eval_size=2)
+    env.config.data_dir_to_save_evals = str(tmp_path / "evals")
+    await env.setup()
+    env.server.generate = ScriptedTokens(tokenizer, "12").generate  # type: ignore[method-assign]
+    await env.evaluate()
+    metrics = env.last_eval_metrics
+    assert metrics["eval/episodes"] == 2.0 and metrics["eval/failed"] == 0.0
+    assert metrics["eval/reward/correct_answer"] == 0.5  # "12" answers 10+2, not 11+2
+    assert env.last_eval_samples[0]["prompt"].startswith("What is 10 + 2?")
+    assert (tmp_path / "evals" / "metrics.json").exists()
+    await env.server.close()
+
+
+async def test_openenv_evaluate_plays_greedy_episodes(tokenizer: Any) -> None:
+    env = make_openenv(tokenizer, eval_size=3)
+    await env.setup()
+    try:
+        env.server.generate = ScriptedTokens(tokenizer, "7").generate  # type: ignore[method-assign]
+        await env.evaluate()
+        assert env.last_eval_metrics["eval/failed"] == 0.0
+        assert len(env.last_eval_samples) == 3
+        assert all(s["score"] in (1.0, 0.2, 1.1) for s in env.last_eval_samples)
+    finally:
+        env._server_task.cancel()
+        await env.server.close()

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -71,6 +72,7 @@ class OpenEnvConfig(BaseEnvConfig):
     temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
     seed: int = Field(default=0, description="Seed of the per-item episode seeds.")
     step_timeout: float = Field(default=60.0, gt=0, description="Seconds a reset/step may take.")
+    eval_size: int = Field(default=16, ge=1, description="Greedy episodes evaluate() plays.")
 
 
 class InvalidActionError(Exception):
@@ -185,10 +187,14 @@ class OpenEnvEnv(BaseEnv):
         episodes = [r for r in results if not isinstance(r, BaseException)]
         trajectories = [trajectory for trajectory, _, _ in episodes]
         scores = [score for _, score, _ in episodes]
-        overrides = [{"openenv_steps": steps} for _, _, steps in episodes]
+        overrides = [
+            {"openenv_steps": steps, "openenv_seed": item["seed"]} for *_, steps in episodes
+        ]
         return scored_group(trajectories, scores, overrides=overrides), []
 
-    async def episode(self, seed: int) -> tuple[TokenTrajectory, float, int]:
+    async def episode(
+        self, seed: int, *, greedy: bool = False
+    ) -> tuple[TokenTrajectory, float, int]:
         """One episode from ``reset(seed)``: its token sequence, score and step count."""
         from openenv.core.generic_client import GenericEnvClient
 
@@ -205,7 +211,9 @@ class OpenEnvEnv(BaseEnv):
                 try:
                     sample = await sample_reply(
                         self.server, trajectory.tokens, max_tokens=config.max_completion_tokens,
-                        max_token_length=config.max_token_length, temperature=config.temperature,
+                        max_token_length=config.max_token_length,
+                        temperature=0.0 if greedy else config.temperature,
+                        split="eval" if greedy else "train",
                     )  # fmt: skip
                 except ContextFullError:
                     break
@@ -226,6 +234,24 @@ class OpenEnvEnv(BaseEnv):
                     trajectory = trajectory.with_context(delta, new)
         score = sum(rewards) if config.episode_reward == "sum" else (rewards or [0.0])[-1]
         return trajectory, score, len(rewards)
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        """``eval_size`` greedy episodes from seeds of their own; failed ones are counted."""
+        started = time.time()
+        seeds = [random.Random(self.config.seed + 1).randrange(2**31) + i
+                 for i in range(self.config.eval_size)]  # fmt: skip
+        runs = [self.episode(seed, greedy=True) for seed in seeds]
+        results = await asyncio.gather(*runs, return_exceptions=True)
+        samples = [
+            {"seed": seed, "response": result[0].messages[-1]["content"], "score": result[1],
+             "steps": result[2]}
+            for seed, result in zip(seeds, results, strict=True)
+            if not isinstance(result, BaseException)
+        ]  # fmt: skip
+        metrics = {"eval/failed": float(len(results) - len(samples))}
+        if samples:
+            metrics["eval/reward"] = sum(s["score"] for s in samples) / len(samples)
+        await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
 
     def _user(self, observation: dict[str, Any]) -> dict[str, Any]:
         text = render_observation(observation, self.config.observation_fields)

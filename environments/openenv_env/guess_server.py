@@ -1,9 +1,9 @@
-"""An OpenEnv environment written with openenv-core for the adapter tests: guess a digit.
+"""An OpenEnv environment written with openenv-core (example and tests): guess a digit.
 
 ``reset(seed)`` draws the secret digit from the seed; each ``step`` takes a guess (the first
 digit in ``message``), answers higher/lower, and ends the episode when the guess is right or
 after ``MAX_GUESSES``. The reward of a step is 1.0 for the right digit, else 0.1 for a guess
-that is a digit at all. Run: ``python openenv_guess_server.py --port N``.
+that is a digit at all. Run: ``python environments/openenv_env/guess_server.py --port N``.
 """
 
 from __future__ import annotations
