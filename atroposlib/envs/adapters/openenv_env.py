@@ -29,6 +29,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
+from atroposlib.envs.adapters import local_defaults
 from atroposlib.envs.adapters.openenv_server import LocalServer, hold, wait_healthy
 from atroposlib.envs.adapters.tokens import (
     ChatTokens,
@@ -127,16 +128,7 @@ class OpenEnvEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[OpenEnvConfig, list[APIServerConfig]]:
-        config = OpenEnvConfig(
-            tokenizer_name="HuggingFaceTB/SmolLM2-135M-Instruct",
-            group_size=8,
-            max_token_length=2048,
-            steps_per_eval=0,
-        )
-        server = APIServerConfig(
-            model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
-        )
-        return config, [server]
+        return local_defaults(OpenEnvConfig)
 
     async def setup(self) -> None:
         config = self.config

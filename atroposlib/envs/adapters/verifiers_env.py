@@ -26,10 +26,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import Field
-
+from atroposlib.envs.adapters import local_defaults
 from atroposlib.envs.adapters.tokens import ChatTokens, TokenTrajectory, scored_group
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.adapters.vf_loader import VerifiersEnvConfig
+from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.server_handling.managed import PROMPT_LOGPROB
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.errors import ConfigError, InferenceUnavailableError
@@ -37,26 +37,6 @@ from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
-
-
-class VerifiersEnvConfig(BaseEnvConfig):
-    vf_env: str = Field(
-        default="", description="verifiers environment: its taskset id (package or module name)."
-    )
-    vf_args: dict[str, Any] = Field(
-        default_factory=dict, description="The environment's taskset settings (JSON object)."
-    )
-    vf_eval_args: dict[str, Any] | None = Field(
-        default=None, description="Taskset settings for evaluate() (default: vf_args)."
-    )
-    vf_config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Other verifiers env settings: id (user-sim...), seats (agent.max_turns...).",
-    )
-    max_completion_tokens: int = Field(default=512, ge=1, description="Tokens per model turn.")
-    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
-    eval_size: int = Field(default=64, ge=1, description="Eval tasks that evaluate() runs.")
-    shuffle_seed: int = Field(default=0, description="Seed that orders a finite taskset.")
 
 
 def trajectory_from_trace(trace: Any) -> TokenTrajectory:
@@ -96,16 +76,7 @@ class VerifiersEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[VerifiersEnvConfig, list[APIServerConfig]]:
-        config = VerifiersEnvConfig(
-            tokenizer_name="HuggingFaceTB/SmolLM2-135M-Instruct",
-            group_size=8,
-            max_token_length=2048,
-            steps_per_eval=0,
-        )
-        server = APIServerConfig(
-            model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
-        )
-        return config, [server]
+        return local_defaults(VerifiersEnvConfig)
 
     async def setup(self) -> None:
         from atroposlib.envs.adapters import vf_loader
@@ -117,8 +88,9 @@ class VerifiersEnv(BaseEnv):
                               "embedded, sglang or vllm")  # fmt: skip
         chat = ChatTokens(self.tokenizer)
         self.vf = vf_loader.load(self.config, self.config.vf_args)
-        self.ctx = vf_loader.model_context(self, chat, split="train")
-        self.eval_ctx = vf_loader.model_context(self, chat, split="eval")
+        model = self.server.servers[0].config.model_name
+        self.ctx = vf_loader.model_context(self.config, self.server, model, chat, split="train")
+        self.eval_ctx = vf_loader.model_context(self.config, self.server, model, chat, split="eval")
         self.failures: Counter[str] = Counter()
         self.signal_values: dict[str, list[float]] = defaultdict(list)
         self.tasks = self._task_stream()

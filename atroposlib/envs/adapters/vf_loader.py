@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pydantic import Field
 
 from atroposlib.envs.adapters import vf_client, vf_harness
-from atroposlib.envs.adapters.tokens import ChatTokens
+from atroposlib.envs.adapters.tokens import ChatTokens, TokenServer
+from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.errors import ConfigError
 
-if TYPE_CHECKING:
-    from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
-
 LOCAL_RUNTIME = {"type": "subprocess"}
+
+
+class VerifiersEnvConfig(BaseEnvConfig):
+    vf_env: str = Field(
+        default="", description="verifiers environment: its taskset id (package or module name)."
+    )
+    vf_args: dict[str, Any] = Field(
+        default_factory=dict, description="The environment's taskset settings (JSON object)."
+    )
+    vf_eval_args: dict[str, Any] | None = Field(
+        default=None, description="Taskset settings for evaluate() (default: vf_args)."
+    )
+    vf_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other verifiers env settings: id (user-sim...), seats (agent.max_turns...).",
+    )
+    max_completion_tokens: int = Field(default=512, ge=1, description="Tokens per model turn.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
+    eval_size: int = Field(default=64, ge=1, description="Eval tasks that evaluate() runs.")
+    shuffle_seed: int = Field(default=0, description="Seed that orders a finite taskset.")
 
 
 def env_config(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> Any:
@@ -62,26 +82,28 @@ def load_taskset(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> An
     return vf.load_taskset(env_config(config, taskset_args).taskset)
 
 
-def model_context(env: VerifiersEnv, chat: ChatTokens, *, split: str) -> Any:
-    """The rollout context: our client (a route to ``env.server``) and the sampling settings."""
+def model_context(
+    config: VerifiersEnvConfig, server: TokenServer, model: str, chat: ChatTokens, *, split: str
+) -> Any:
+    """The rollout context: our client (a route to ``server``) and the sampling settings."""
     import verifiers.v1 as vf
 
-    temperature = env.config.temperature if split == "train" else 0.0
+    temperature = config.temperature if split == "train" else 0.0
     key = vf_client.register_route(
         vf_client.TokenRoute(
-            server=env.server,
+            server=server,
             chat=chat,
-            max_token_length=env.config.max_token_length,
-            max_tokens=env.config.max_completion_tokens,
+            max_token_length=config.max_token_length,
+            max_tokens=config.max_completion_tokens,
             temperature=temperature,
             split=split,
         )
     )
     return vf.ModelContext(
-        model=env.server.servers[0].config.model_name,
+        model=model,
         client=vf_client.AtroposClientConfig(route=key),
         sampling=vf.SamplingConfig(
-            temperature=temperature, max_tokens=env.config.max_completion_tokens
+            temperature=temperature, max_tokens=config.max_completion_tokens
         ),
     )
 
