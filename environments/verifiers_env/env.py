@@ -6,9 +6,14 @@ example taskset ``vf_arith`` loads by name."""
 import sys
 from pathlib import Path
 
-from atroposlib.envs.adapters.verifiers_env import VerifiersEnv
+from atroposlib.envs.adapters import verifiers_env
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
+
+class VerifiersAdapterEnv(verifiers_env.VerifiersEnv):
+    """The verifiers adapter as this folder's environment."""
+
+
 if __name__ == "__main__":
-    VerifiersEnv.cli()
+    VerifiersAdapterEnv.cli()
