@@ -109,7 +109,7 @@ def decode(body: bytes, content_type: str | None) -> Any:
     if is_msgpack(content_type):
         try:
             return msgpack.unpackb(body, raw=False, strict_map_key=False)
-        except (ValueError, msgpack.UnpackException) as err:
+        except (ValueError, TypeError, msgpack.UnpackException) as err:  # TypeError: a list key
             raise RequestBodyError(400, f"body is not valid msgpack: {err}") from err
     try:
         return orjson.loads(body)
@@ -117,6 +117,8 @@ def decode(body: bytes, content_type: str | None) -> Any:
         pass
     try:  # Python clients send NaN / Infinity literals; decode them so validation can name them
         return json.loads(body)
+    except RecursionError as err:
+        raise RequestBodyError(400, "body is nested too deeply to decode") from err
     except (ValueError, UnicodeDecodeError) as err:
         raise RequestBodyError(
             400, f"body is not valid JSON ({err}); send JSON or set Content-Type to msgpack"

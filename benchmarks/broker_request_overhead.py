@@ -29,7 +29,7 @@ REQUESTS = 3000
 
 async def _call(app: Any, method: str, path: str, body: bytes = b"") -> int:
     headers = [
-        (b"host", b"bench"),
+        (b"host", b"127.0.0.1:8000"),  # a name the broker answers to (not a rebinding)
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"accept-encoding", b"gzip, deflate"),

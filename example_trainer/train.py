@@ -35,22 +35,29 @@ from torch import nn
 
 from atroposlib.errors import BrokerError, BrokerUnavailableError, ConfigError
 from atroposlib.protocol import TrainerRegistration
+from atroposlib.utils.cli import configure_logging
 from example_trainer.checkpoint import (
+    STATE_FILE,
     gather_full_state,
     load_optimizer_state,
     load_state,
-    prune_weights,
+    prune_steps,
     resolve_resume,
     save_checkpoint,
-    save_weights,
     set_rng_state,
     unwrap,
+    write_pushed_weights,
 )
 from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
+from example_trainer.packing import (
+    micro_batch,
+    micro_batch_plan,
+    model_logprobs,
+    student_distill_logprobs,
+)
 from example_trainer.tracking import make_tracker
 from example_trainer.weight_sync import make_weight_sync
 
@@ -238,6 +245,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 if ref_logp is None and cfg.loss.kl_coef > 0:
                     ref_logp = reference_logprobs(model, ref_model, mb)
                 x = LossInputs(
+                    **distill_inputs(model, mb, cfg),
                     logp=logp,
                     entropy=entropy,
                     mask=mb.mask * (0.0 if dummy else 1.0),
@@ -279,6 +287,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/is_masked_frac": total["is_masked"] / max(total["tokens"], 1.0),
             "train/ref_kl": total["ref_kl"] / max(total["rl_tokens"], 1.0),
             "train/sft_nll": total["sft_nll"] / max(total["sft_tokens"], 1.0),
+            "train/distill_kl": total["distill_kl"] / max(total["tokens"], 1.0),
             "train/trained_tokens": total["tokens"],
             "train/skipped": float(totals.tokens == 0),
             "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
@@ -287,6 +296,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/data_wait_s": t_data,
             "train/zero_variance_groups": float(stats.zero_variance_groups),
             "train/truncated_masked": float(stats.truncated_masked),
+            "train/invalid_groups": float(stats.invalid_groups),
             "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "train/staleness_max": float(max(staleness)) if staleness else 0.0,
             **{f"train/advantage_{k}": float(v) for k, v in stats.advantage.items()},
@@ -308,10 +318,11 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             )
 
         # ---- save + acknowledge, then push weights ----------------------------------------
+        checkpoint = None
         if step % cfg.save_interval == 0 or step == cfg.num_steps:
             full = gather_full_state(model, optimizer, sharded)  # collective under FSDP
             if rank == 0:
-                save_checkpoint(
+                checkpoint = save_checkpoint(
                     cfg.save_dir,
                     step,
                     model,
@@ -319,21 +330,24 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                     scheduler,
                     tokenizer,
                     extra={"role_baselines": role_baselines, "config": cfg.model_dump(mode="json")},
+                    optimizer_precision=cfg.checkpoint_optimizer_precision,
                 )
                 client.ack(step)  # type: ignore[union-attr]
+                prune_steps(cfg.save_dir, cfg.keep_last_checkpoints, marker=STATE_FILE)
             if world > 1:
                 dist.barrier()
         if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
             weights = gather_full_state(model, None, sharded).model  # collective under FSDP
             if rank == 0:
                 folder = cfg.save_dir / "weights" / f"step-{step}"
-                save_weights(model, folder, tokenizer, sync.writes == "full", state_dict=weights)
+                merged = sync.writes == "full"
+                write_pushed_weights(model, folder, tokenizer, merged, weights, checkpoint)
                 report = sync.push(folder, step)
                 sync_row = {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}
                 tracker.log(sync_row, step=step)
                 if report.failed:
                     logger.error("weight sync step %d failed for %s", step, report.failed)
-                prune_weights(cfg.save_dir / "weights", keep=2)
+                prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
         if world > 1:
             dist.barrier()
 
@@ -358,6 +372,17 @@ def pull_batch(client: BatchSource, patience_s: float) -> Any:
             delay = min(delay * 2, 30.0)
 
 
+def distill_inputs(model: nn.Module, mb: Any, cfg: TrainerConfig) -> dict[str, torch.Tensor]:
+    """The student's and teacher's top-k logprobs when the batch carries a teacher's."""
+    if cfg.loss.distill_coef <= 0 or mb.distill_ids is None:
+        return {}
+    return {
+        "distill_student": student_distill_logprobs(model, mb),  # (B, T-1, K)
+        "distill_teacher": mb.distill_logprobs,
+        "distill_valid": mb.distill_ids >= 0,
+    }
+
+
 def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -> torch.Tensor:
     """Reference logprobs (B, T-1): the frozen model, or the LoRA base with adapters off.
 
@@ -372,9 +397,7 @@ def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO)
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import GzipAnswers
+from atroposlib.api.guard import BrowserGuardMiddleware
 from atroposlib.api.hot import (
     BROKER_ERRORS,
     Answer,
@@ -29,22 +31,50 @@ from atroposlib.api.hot import (
     error_answer,
     unauthorized_answer,
 )
-from atroposlib.api.http import bearer_ok, encoded, read_body, read_model
+from atroposlib.api.http import (
+    bearer_ok,
+    encoded,
+    read_body,
+    read_model,
+    validation_answer,
+)
 from atroposlib.api.metrics import BrokerMetrics
+from atroposlib.api.openapi import (
+    ERRORS,
+    LATEST_EXAMPLE,
+    install_body_schemas,
+    request_body,
+)
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, open_store
 from atroposlib.protocol import (
+    INT32_MAX,
+    MAX_STEP,
     Acknowledgement,
     AcknowledgementResponse,
+    BatchResponse,
     EnvRef,
     EnvRegistration,
+    EnvRegistrationResponse,
+    EnvStatusResponse,
     HealthResponse,
+    InfoResponse,
+    RecentGroupsResponse,
+    RootResponse,
+    ScoredData,
+    ScoredDataListResponse,
+    ScoredDataResponse,
+    StatusResponse,
     SuccessResponse,
     TrainerRegistration,
     TrainerRegistrationResponse,
+    WaitForTrainerResponse,
+    WandbInfoResponse,
 )
 
 logger = logging.getLogger(__name__)
+
+EnvIdQuery = Annotated[int | None, Query(ge=-MAX_STEP, le=MAX_STEP)]
 
 
 class _Runtime:
@@ -66,7 +96,12 @@ def _error_handlers() -> dict[
         assert answer is not None, f"no HTTP answer for {type(err).__name__}"
         return _response(answer)
 
-    return {error: broker_error for error in BROKER_ERRORS}
+    async def invalid_request(_: Request, err: RequestValidationError) -> Response:
+        return validation_answer(err)
+
+    handlers: dict[int | type[Exception], Any] = dict.fromkeys(BROKER_ERRORS, broker_error)
+    handlers[RequestValidationError] = invalid_request
+    return handlers
 
 
 def _response(answer: Answer) -> Response:
@@ -103,7 +138,10 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         own_store = store is None
         if store is None:
-            active = open_store(settings.store, sync_interval=settings.sync_interval)
+            active = open_store(
+                settings.store, sync_interval=settings.sync_interval,
+                min_free_bytes=settings.min_free_bytes, segment_bytes=settings.segment_bytes,
+            )  # fmt: skip
         else:
             active = store
         runtime.broker = Broker(active, settings)
@@ -136,103 +174,156 @@ def create_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(BrowserGuardMiddleware, guard=hot.guard)
 
-    def broker() -> Broker:
-        return runtime.get()
+    _service_routes(app, runtime.get, metrics)
+    _trainer_routes(app, runtime.get, settings)
+    _env_routes(app, runtime.get, settings)
+    _view_routes(app, runtime.get)
+    _hot_routes(app, hot, settings)
+    install_body_schemas(app)
+    if not settings.cors_origins:
+        app.hot_routes = hot  # CORS headers need the middleware stack
+    return app
 
-    @app.get("/")
-    async def root() -> dict[str, str]:
-        return {"message": "AtroposLib API"}
 
-    @app.get("/health")
+BrokerRef = Callable[[], Broker]
+
+
+def _service_routes(app: FastAPI, broker: BrokerRef, metrics: BrokerMetrics) -> None:
+    @app.get("/", responses=ERRORS)
+    async def root() -> RootResponse:
+        return RootResponse(message="AtroposLib API")
+
+    @app.get("/health", responses=ERRORS)
     async def health() -> HealthResponse:
         active = broker()
         return HealthResponse(store=active.store.description, queue_size=active.status().queue_size)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=ERRORS)
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    # -- trainer -------------------------------------------------------------------------
 
-    @app.post("/register")
+def _trainer_routes(app: FastAPI, broker: BrokerRef, settings: BrokerSettings) -> None:
+    @app.post(
+        "/register", responses=ERRORS,
+        openapi_extra=request_body(TrainerRegistration, "The trainer announces itself."),
+    )  # fmt: skip
     async def register(request: Request) -> TrainerRegistrationResponse:
         registration = await read_model(request, settings, TrainerRegistration)
         return TrainerRegistrationResponse(uuid=broker().register_trainer(registration))
 
-    @app.post("/ack")
+    @app.post(
+        "/ack", responses=ERRORS,
+        openapi_extra=request_body(Acknowledgement, "Batches up to this step are trained."),
+    )  # fmt: skip
     async def ack(request: Request) -> AcknowledgementResponse:
         acknowledgement = await read_model(request, settings, Acknowledgement)
         return AcknowledgementResponse(acknowledged_step=broker().ack(acknowledgement.step))
 
-    @app.get("/info")
-    async def info() -> dict[str, int]:
-        return broker().info().model_dump()
+    @app.get("/info", responses=ERRORS)
+    async def info() -> InfoResponse:
+        return broker().info()
 
-    @app.get("/wandb_info")
-    async def wandb_info() -> dict[str, str | None]:
-        return broker().wandb_info().model_dump()
+    @app.get("/wandb_info", responses=ERRORS)
+    async def wandb_info() -> WandbInfoResponse:
+        return broker().wandb_info()
 
-    @app.get("/status")
-    async def status() -> dict[str, int]:
-        return broker().status().model_dump()
+    @app.get("/status", responses=ERRORS)
+    async def status() -> StatusResponse:
+        return broker().status()
 
-    # -- environments --------------------------------------------------------------------
 
-    @app.post("/register-env")
-    async def register_env(request: Request) -> dict[str, Any]:
+def _env_routes(app: FastAPI, broker: BrokerRef, settings: BrokerSettings) -> None:
+    @app.post(
+        "/register-env", responses=ERRORS,
+        openapi_extra=request_body(EnvRegistration, "An environment announces itself."),
+    )  # fmt: skip
+    async def register_env(
+        request: Request,
+    ) -> EnvRegistrationResponse | WaitForTrainerResponse:
         registration = await read_model(request, settings, EnvRegistration)
-        return broker().register_env(registration).model_dump()
+        return broker().register_env(registration)
 
-    @app.post("/disconnect-env")
+    @app.post(
+        "/disconnect-env", responses=ERRORS,
+        openapi_extra=request_body(EnvRef, "The env that stops."),
+    )  # fmt: skip
     async def disconnect_env(request: Request) -> SuccessResponse:
         env = await read_model(request, settings, EnvRef)
         broker().disconnect_env(env.env_id)
         return SuccessResponse()
 
-    @app.get("/status-env")
-    async def status_env(request: Request, env_id: int | None = None) -> dict[str, Any]:
+    @app.get("/status-env", responses=ERRORS)
+    async def status_env(request: Request, env_id: EnvIdQuery = None) -> EnvStatusResponse:
+        """The env id as a query parameter, or (as Atropos's clients send it) a JSON body."""
         if env_id is None:
             env_id = (await read_model(request, settings, EnvRef)).env_id
-        return broker().status_env(env_id).model_dump()
+        return broker().status_env(env_id)
 
-    # -- views and maintenance -----------------------------------------------------------
 
-    @app.get("/latest_example")
+def _view_routes(app: FastAPI, broker: BrokerRef) -> None:
+    @app.get("/latest_example", responses={200: LATEST_EXAMPLE, **ERRORS})
     async def latest_example(request: Request) -> Response:
         return encoded(request, broker().latest_example())
 
-    @app.get("/recent_groups")
+    @app.get("/recent_groups", responses={200: {"model": RecentGroupsResponse}, **ERRORS})
     async def recent_groups(
-        request: Request, limit: int = 16, env_id: int | None = None
+        request: Request,
+        limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 16,
+        env_id: EnvIdQuery = None,
     ) -> Response:
         groups = broker().recent_groups(limit, env_id)
         if codec.is_msgpack(request.headers.get("accept")):
             groups = [codec.pack_group(group) for group in groups]
         return encoded(request, {"groups": groups})
 
-    @app.get("/reset_data")
+    @app.get("/reset_data", response_class=PlainTextResponse, responses=ERRORS)
     async def reset_data() -> PlainTextResponse:
         broker().reset()
         return PlainTextResponse("Reset successful")
 
+
+_HOT_DOCS: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/scored_data"): {
+        "responses": {200: {"model": ScoredDataResponse}, **ERRORS},
+        "openapi_extra": request_body(ScoredData, "One scored group."),
+    },
+    ("POST", "/scored_data_list"): {
+        "responses": {200: {"model": ScoredDataListResponse}, **ERRORS},
+        "openapi_extra": request_body(list[ScoredData], "Scored groups, queued all or none."),
+    },
+    ("GET", "/batch"): {
+        "responses": {200: {"model": BatchResponse}, **ERRORS},
+        "openapi_extra": {
+            "parameters": [
+                {
+                    "name": "received", "in": "query", "required": False,
+                    "description": "The last step this (acknowledging) trainer received.",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STEP},
+                }
+            ]
+        },
+    },
+}  # fmt: skip
+
+
+def _hot_routes(app: FastAPI, hot: HotRoutes, settings: BrokerSettings) -> None:
+    """The hot routes as ordinary FastAPI routes too (OpenAPI schema; CORS setups)."""
     for (method, path), handler in hot.routes.items():
         app.add_api_route(
-            path, _route(handler, settings), methods=[method], response_class=Response
-        )
-    if not settings.cors_origins:
-        app.hot_routes = hot  # CORS headers need the middleware stack
-    return app
+            path, _route(handler, settings), methods=[method], response_class=Response,
+            **_HOT_DOCS[(method, path)],
+        )  # fmt: skip
 
 
 def _route(
     handler: Handler, settings: BrokerSettings
 ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-    """A hot route as an ordinary FastAPI route (OpenAPI schema; CORS setups)."""
-
     async def route(request: Request) -> Response:
         body = await read_body(request, settings) if request.method == "POST" else b""
-        return _response(await handler(request.headers, body))
+        return _response(await handler(request.headers, body, request.url.query))
 
     return route
 

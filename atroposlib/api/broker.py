@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,10 @@ class Broker:
             None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
         )
         self._fair = FairShareState.from_dict(self._state["fair_share"])
+        self._state_past(snapshot)
+        if snapshot.log_damage:
+            self._count("log_damage", snapshot.log_damage)
+            self.store.save_state(self._state)
         if snapshot.corrupt:
             self._discard_corrupt(snapshot)
         self._queue: dict[int, GroupMeta] = {}
@@ -113,6 +118,14 @@ class Broker:
         newest = [meta.key for meta in snapshot.queued[-kept:]] if kept else []
         for blob in self.store.payloads(newest):
             self._remember(blob)
+
+    def _state_past(self, snapshot: StoreSnapshot) -> None:
+        """Keys and steps after everything stored, even if a damaged log lost a newer state."""
+        keys = [meta.key for meta in snapshot.queued] + list(snapshot.batched)
+        keys += [key for batch in snapshot.batches for key in batch.keys]
+        self._state["next_key"] = max(self._state["next_key"], max(keys, default=0) + 1)
+        last_step = max((b.step for b in snapshot.batches if b.delivered), default=0)
+        self._state["current_step"] = max(self._state["current_step"], last_step)
 
     def _discard_corrupt(self, snapshot: StoreSnapshot) -> None:
         """Forget groups whose stored payload is damaged, with every batch holding one."""
@@ -159,11 +172,23 @@ class Broker:
     def _drop(self, keys: Sequence[int], reason: str) -> None:
         if not keys:
             return
+        self._count(f"dropped_{reason}", len(keys))
+        try:
+            self.store.drop_groups(keys, self._state)
+        except OSError:
+            self._count(f"dropped_{reason}", -len(keys))
+            raise
         for key in keys:
             self._dequeue(key)
-        self._count(f"dropped_{reason}", len(keys))
-        self.store.drop_groups(keys, self._state)
         logger.warning("dropped %d queued group(s): %s", len(keys), reason)
+
+    @contextmanager
+    def _storing(self, what: str) -> Iterator[None]:
+        """A store that cannot write (a full disk) becomes a 503 + Retry-After naming ``what``."""
+        try:
+            yield
+        except OSError as err:
+            raise self._store_failed(what, err) from err
 
     @property
     def trainer(self) -> TrainerRegistration | None:
@@ -200,6 +225,10 @@ class Broker:
     # -- trainer -------------------------------------------------------------------------
 
     def register_trainer(self, registration: TrainerRegistration) -> int:
+        with self._storing("the registration"):
+            return self._register_trainer(registration)
+
+    def _register_trainer(self, registration: TrainerRegistration) -> int:
         current = self._trainer
         if current is not None and _trainer_identity(current) != _trainer_identity(registration):
             # A second consumer (a data tool such as atropos-sft-gen, a viewer) must not
@@ -232,14 +261,15 @@ class Broker:
         )  # fmt: skip
         return int(self._state["trainer_uuid"])
 
-    def _release(self, steps: Sequence[int]) -> None:
+    def _release(self, steps: Sequence[int]) -> bool:
+        """Forget these batches and their groups, on disk first; False when there were none."""
         if not steps:
-            return
-        released = [self._batches.pop(step) for step in steps]
-        for batch in released:
-            for key in batch.keys:
+            return False
+        self.store.release_batches([self._batches[step] for step in steps], self._state)
+        for step in steps:
+            for key in self._batches.pop(step).keys:
                 self._batched.pop(key, None)
-        self.store.release_batches(released, self._state)
+        return True
 
     def info(self) -> InfoResponse:
         trainer = self.trainer
@@ -253,22 +283,34 @@ class Broker:
             return WandbInfoResponse(group=None, project=None)
         return WandbInfoResponse(group=trainer.wandb_group, project=trainer.wandb_project)
 
-    def next_batch(self, *, packed: bool = False) -> tuple[int, list[dict[str, Any]]] | None:
+    def next_batch(
+        self, *, packed: bool = False, received: int | None = None
+    ) -> tuple[int, list[dict[str, Any]]] | None:
         """The next batch for the trainer (re-deliveries first), or None without enough data.
 
         ``packed``: groups as the msgpack answer carries them (see ``decode_group``).
+        ``received``: the last step the trainer got; a kept batch after it was lost on its way
+        (a timeout, a proxy reset, a broker killed before answering) and is sent again, in step
+        order, before anything new. Trainers that do not name it get each batch once.
         """
         trainer = self._require_trainer()
         if not self._state["started"]:
+            with self._storing("the trainer's start"):
+                self.store.save_state({**self._state, "started": True})
             self._state["started"] = True
-            self.store.save_state(self._state)
         for step, batch in self._batches.items():
             if not batch.delivered:
+                with self._storing("the delivery"):
+                    self.store.set_delivered([step], True, {**self._state, "current_step": step})
                 batch.delivered = True
                 self._state["current_step"] = step
-                self.store.set_delivered([step], True, self._state)
                 return step, self._load_groups(batch.keys, packed)
-        self._drop_stale(trainer)
+            if received is not None and step > received:
+                logger.info("sending batch %d again: the trainer last received %d", step, received)
+                self._count("batches_resent")
+                return step, self._load_groups(batch.keys, packed)
+        with self._storing("the dropping of stale groups"):
+            self._drop_stale(trainer)
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
         refs = list(self._refs.values())  # arrival order: dicts keep insertion order
@@ -327,9 +369,14 @@ class Broker:
 
     def ack(self, step: int) -> int:
         self._require_trainer()
-        self._state["acked_step"] = max(step, self._state["acked_step"] or 0)
-        self._release([s for s in self._batches if s <= step])
-        self.store.save_state(self._state)
+        previous = self._state["acked_step"]
+        self._state["acked_step"] = max(step, previous or 0)
+        try:
+            if not self._release([s for s in self._batches if s <= step]):
+                self.store.save_state(self._state)
+        except OSError as err:
+            self._state["acked_step"] = previous
+            raise self._store_failed("the acknowledgement", err) from err
         return step
 
     # -- environments --------------------------------------------------------------------
@@ -342,7 +389,8 @@ class Broker:
             return WaitForTrainerResponse()
         env = self._envs.register(registration)
         self._state["envs"] = self._envs.to_state()
-        self.store.save_state(self._state)
+        with self._storing("the registration"):
+            self.store.save_state(self._state)
         return EnvRegistrationResponse(
             env_id=env.env_id,
             wandb_name=env.wandb_name,
@@ -355,7 +403,8 @@ class Broker:
     def disconnect_env(self, env_id: int) -> None:
         self._envs.disconnect(env_id)
         self._state["envs"] = self._envs.to_state()
-        self.store.save_state(self._state)
+        with self._storing("the disconnection"):
+            self.store.save_state(self._state)
 
     def status(self) -> StatusResponse:
         return StatusResponse(current_step=self.current_step, queue_size=len(self._queue))

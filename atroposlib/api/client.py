@@ -12,7 +12,7 @@ import gzip
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -53,6 +53,19 @@ class Batch:
     groups: list[dict[str, Any]]
 
 
+def backoff_delays(first: float, cap: float, factor: float = 1.5) -> Iterator[float]:
+    """Waits between polls: ``first``, then ``factor`` times longer each time, at most ``cap``.
+
+    >>> from itertools import islice
+    >>> [round(d, 3) for d in islice(backoff_delays(0.25, 1.0), 6)]
+    [0.25, 0.375, 0.562, 0.844, 1.0, 1.0]
+    """
+    delay = first
+    while True:
+        yield min(delay, cap)
+        delay = min(delay * factor, cap)
+
+
 def _headers(api_key: str | None, encoding: Encoding) -> dict[str, str]:
     media = MSGPACK_CONTENT_TYPE if encoding == "msgpack" else JSON_CONTENT_TYPE
     headers = {"Accept": media, "Accept-Encoding": "gzip"}
@@ -77,7 +90,12 @@ def _decoded(response: httpx.Response) -> Any:
 
 
 class TrainerClient:
-    """The trainer's side: register, pull batches, acknowledge them."""
+    """The trainer's side: register, pull batches, acknowledge them.
+
+    A trainer that registers with ``acknowledges=True`` names the last step it received in
+    every ``GET /batch`` (``?received=N``), so a batch whose answer was lost on the way (a
+    timeout, a reset connection) is sent again instead of being skipped.
+    """
 
     def __init__(
         self,
@@ -92,11 +110,14 @@ class TrainerClient:
         self._headers = _headers(api_key, encoding)
         self._owns_client = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
+        self.received_step: int | None = None
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
         try:
             response = self._http.request(
-                method, self.base_url + path, headers=self._headers, json=body
+                method, self.base_url + path, headers=self._headers, json=body, params=params
             )
         except httpx.TransportError as err:
             raise BrokerUnavailableError(f"broker at {self.base_url} unreachable: {err}") from err
@@ -104,20 +125,37 @@ class TrainerClient:
 
     def register(self, registration: TrainerRegistration) -> int:
         answer = self._call("POST", "/register", registration.model_dump())
-        return TrainerRegistrationResponse.model_validate(answer).uuid
+        uuid = TrainerRegistrationResponse.model_validate(answer).uuid
+        self.received_step = registration.starting_step if registration.acknowledges else None
+        return uuid
 
     def get_batch(self) -> Batch | None:
-        answer = self._call("GET", "/batch")
+        received = self.received_step
+        answer = self._call(
+            "GET", "/batch", params=None if received is None else {"received": received}
+        )
         if answer.get("batch") is None:
             return None
-        return Batch(answer.get("step"), [codec.unpack_group(g) for g in answer["batch"]])
+        step = answer.get("step")
+        if received is not None and isinstance(step, int):
+            self.received_step = step
+        return Batch(step, [codec.unpack_group(g) for g in answer["batch"]])
 
-    def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Batch:
+    def wait_for_batch(
+        self, poll_interval: float = 0.25, timeout: float | None = None, max_interval: float = 2.0
+    ) -> Batch:
+        """Poll ``GET /batch`` until a batch is ready, backing off from ``poll_interval`` to
+        ``max_interval`` (a trainer waiting a minute on its envs asks ~35 times, not 120)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        delays = backoff_delays(poll_interval, max_interval)
         while (batch := self.get_batch()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"no batch from {self.base_url} within {timeout} s")
-            time.sleep(poll_interval)
+            delay = next(delays)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no batch from {self.base_url} within {timeout} s")
+                delay = min(delay, left)
+            time.sleep(delay)
         return batch
 
     def ack(self, step: int) -> None:

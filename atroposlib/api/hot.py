@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -22,6 +23,7 @@ from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import Gzipper, accepts_gzip
 from atroposlib.api.fastjson import decode_groups
+from atroposlib.api.guard import BrowserGuard
 from atroposlib.api.http import bearer_header_ok, read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.settings import BrokerSettings
@@ -32,7 +34,7 @@ from atroposlib.errors import (
     TrainerNotRegisteredError,
     UnknownEnvError,
 )
-from atroposlib.protocol import ScoredDataListResponse, ScoredDataResponse
+from atroposlib.protocol import MAX_STEP, ScoredDataListResponse, ScoredDataResponse
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +72,17 @@ def error_answer(err: Exception) -> Answer | None:
     return Answer(status, orjson.dumps({"detail": detail}), "application/json", headers)
 
 
+def forbidden_answer(reason: str) -> Answer:
+    return Answer(403, orjson.dumps({"detail": reason}), "application/json")
+
+
 def unauthorized_answer() -> Answer:
     body = orjson.dumps({"detail": UNAUTHORIZED_DETAIL})
     return Answer(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
 
 
-Handler = Callable[[Mapping[str, str], bytes], Coroutine[Any, Any, Answer]]
+Handler = Callable[[Mapping[str, str], bytes, str], Coroutine[Any, Any, Answer]]
+"""A hot route: (lower-case headers, body, query string) -> answer."""
 
 
 class HotRoutes:
@@ -88,6 +95,7 @@ class HotRoutes:
         self._settings = settings
         self._metrics = metrics
         self._gzipper = Gzipper(minimum_size=1000, gzip_level=settings.gzip_level)
+        self.guard = BrowserGuard(settings)
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/batch"): self.batch,
             ("POST", "/scored_data"): self.scored_data,
@@ -96,10 +104,11 @@ class HotRoutes:
 
     # -- the routes ---------------------------------------------------------------------
 
-    async def batch(self, headers: Mapping[str, str], _: bytes) -> Answer:
+    async def batch(self, headers: Mapping[str, str], _: bytes, query: str) -> Answer:
         started = time.perf_counter()
         accept = headers.get("accept")
-        formed = self._broker().next_batch(packed=codec.is_msgpack(accept))
+        received = _received_step(query) if query else None
+        formed = self._broker().next_batch(packed=codec.is_msgpack(accept), received=received)
         self._metrics.batch_seconds.observe(time.perf_counter() - started)
         if formed is None:
             return _encoded({"batch": None, "step": None}, accept)
@@ -108,13 +117,13 @@ class HotRoutes:
         self._metrics.bytes_out.inc(len(answer.body))
         return answer
 
-    async def scored_data(self, headers: Mapping[str, str], body: bytes) -> Answer:
+    async def scored_data(self, headers: Mapping[str, str], body: bytes, _: str) -> Answer:
         raw = self._decode(headers, body)
         result = self._broker().ingest([raw])
         answer = ScoredDataResponse(duplicate=result.duplicates > 0)
         return _encoded(answer.model_dump(), headers.get("accept"))
 
-    async def scored_data_list(self, headers: Mapping[str, str], body: bytes) -> Answer:
+    async def scored_data_list(self, headers: Mapping[str, str], body: bytes, _: str) -> Answer:
         raws = self._decode(headers, body)
         if not isinstance(raws, list):
             raise InvalidGroupError("body", "must be a JSON array of groups")
@@ -143,11 +152,14 @@ class HotRoutes:
                 headers.get("authorization", ""), api_key
             ):
                 answer = unauthorized_answer()
+            elif (refusal := self.guard.refusal(headers)) is not None:
+                answer = forbidden_answer(refusal)
             else:
                 body = b""
                 if scope["method"] == "POST":
                     body = await read_body_chunks(headers, _chunks(receive), self._settings)
-                answer = await handler(headers, body)
+                query = scope["query_string"].decode("latin-1")
+                answer = await handler(headers, body, query)
         except _Disconnected:
             return
         except Exception as err:
@@ -190,6 +202,19 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
         yield message.get("body", b"")
         if not message.get("more_body", False):
             return
+
+
+def _received_step(query: str) -> int | None:
+    """``received=<step>`` of ``GET /batch``: the last batch step the trainer got (see Broker)."""
+    values = parse_qs(query, keep_blank_values=True).get("received")
+    if not values:
+        return None
+    text = values[-1].strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 16 and int(text) <= MAX_STEP):
+        raise InvalidGroupError(
+            "received", f"must be an integer step between 0 and {MAX_STEP}, got {text[:40]!r}"
+        )
+    return int(text)
 
 
 def _encoded(payload: Any, accept: str | None) -> Answer:

@@ -113,5 +113,16 @@ def bearer_ok(request: Request, api_key: str) -> bool:
 
 
 def bearer_header_ok(header: str, api_key: str) -> bool:
+    """``header`` as ASGI servers decode it (latin-1), so any byte compares, none raises."""
     scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), api_key)
+    wire = token.strip().encode("latin-1", errors="replace")
+    return scheme.lower() == "bearer" and secrets.compare_digest(wire, api_key.encode())
+
+
+def validation_answer(err: RequestValidationError) -> Response:
+    """422 naming each field; the offending input is left out (NaN, bytes, ... are not JSON)."""
+    detail = [
+        {"loc": list(error.get("loc", ())), "msg": str(error.get("msg")), "type": error.get("type")}
+        for error in err.errors()
+    ]
+    return Response(codec.dumps_json({"detail": detail}), 422, media_type="application/json")

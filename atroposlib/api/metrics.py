@@ -59,6 +59,8 @@ class BrokerCollector(Collector):
             ("sequences_out", "Sequences handed to the trainer in new batches"),
             ("duplicates", "Groups answered as duplicates of an earlier group_id"),
             ("rejected_queue_full", "Groups refused with 503 because the queue was full"),
+            ("batches_resent", "Batches sent again to a trainer that had not received them"),
+            ("log_damage", "Damaged stretches of the store's log skipped or cut off at start"),
         ):
             yield CounterMetricFamily(f"broker_{name}", help_text, value=counters.get(name, 0))
 

@@ -45,6 +45,12 @@ class BrokerSettings(BaseSettings):
         default_factory=list,
         description="Browser origins allowed by CORS; empty means no cross-origin access.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Without --api-key: host names clients may use in URLs besides IP addresses,"
+        " localhost and this machine's names ('*': any); other names are refused (403) as a"
+        " browser's DNS-rebinding attempt.",
+    )
     max_request_bytes: int = Field(
         default=64 * MiB, gt=0, description="Largest request body accepted as sent (413 above)."
     )
@@ -60,6 +66,19 @@ class BrokerSettings(BaseSettings):
         default=8 * GiB,
         gt=0,
         description="Stored bytes of queued groups past which posts get 503 + Retry-After.",
+    )
+    min_free_bytes: int = Field(
+        default=128 * MiB,
+        ge=0,
+        description="Free disk space the sqlite store keeps: new groups get 503 + Retry-After"
+        " below it, so that acks and compaction can always write and free space.",
+    )
+    segment_bytes: int = Field(
+        default=16 * MiB,
+        ge=64 * 1024,
+        le=GiB,
+        description="Size at which the sqlite store's log starts a new segment file (a file is"
+        " deleted once all its groups are acknowledged; smaller frees disk sooner).",
     )
     retain_delivered_batches: int = Field(
         default=8,

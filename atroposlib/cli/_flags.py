@@ -2,14 +2,14 @@
 
 Each field becomes ``--kebab-case`` (bool: a switch; list: repeatable); fields named in
 ``positional`` become positional arguments. Only the flags actually given are passed to the
-settings class, so its environment variables and defaults fill the rest. Every error (unknown
-flag, bad value, broken invariant) is one line on stderr and exit status 2.
+settings class, so its environment variables and defaults fill the rest; values are checked by
+the settings class, not argparse. Every error (unknown flag, bad value, broken invariant) is
+one line on stderr (``atroposlib.utils.cli``'s wording) and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+from atroposlib.utils.cli import describe_validation_error, exit_with_error
 
 Settings = TypeVar("Settings", bound=BaseModel)
 
@@ -51,25 +53,17 @@ def build_parser(
             help_text += f" (default: {info.default})"
         if name in positional:
             optional: dict[str, Any] = {} if info.is_required() else {"nargs": "?", "default": None}
-            parser.add_argument(name, type=kind, help=help_text, **optional)
+            parser.add_argument(name, help=help_text, **optional)
             continue
         flag = "--" + name.replace("_", "-")
         if kind is bool:
             parser.add_argument(flag, dest=name, action="store_true", help=help_text)
         elif is_list:
-            parser.add_argument(flag, dest=name, type=kind, action="append", help=help_text)
+            parser.add_argument(flag, dest=name, action="append", help=help_text)
         else:
             metavar = "PATH" if kind is Path else name.upper()
-            parser.add_argument(flag, dest=name, type=kind, metavar=metavar, help=help_text)
+            parser.add_argument(flag, dest=name, metavar=metavar, help=help_text)
     return parser
-
-
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if not first["loc"]:
-        return message
-    return f"--{str(first['loc'][0]).replace('_', '-')}: {message}"
 
 
 def parse_settings(
@@ -82,10 +76,9 @@ def parse_settings(
     try:
         return model(**given)
     except ValidationError as err:
-        parser.exit(2, f"{parser.prog}: error: {_one_line(err)}\n")
+        exit_with_error(parser.prog, describe_validation_error(err))
 
 
 def fail(prog: str, message: str, status: int = 1) -> NoReturn:
     """Print one line to stderr and exit."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    raise SystemExit(status)
+    exit_with_error(prog, message, status)

@@ -1,15 +1,16 @@
 """``atropos-local``: the whole RL loop on this machine, in one command.
 
 Starts the broker, the embedded inference server, one environment and the GRPO trainer as
-separate processes talking HTTP, shows a live panel, and stops everything on Ctrl-C or when the
-trainer finishes. The run folder keeps logs/, checkpoints/, rollouts.jsonl, metrics.jsonl,
-reward_curve.png and summary.json; with ``--eval-size N`` the same N held-out problems are
-answered greedily before and after training (eval_before/, eval_after/).
+separate processes talking HTTP, shows progress (a live panel in a terminal, plain lines every
+``--progress-interval-s`` otherwise), and stops everything on Ctrl-C or when the trainer
+finishes. The run folder keeps logs/, checkpoints/ (the last checkpoint and the final weights),
+rollouts.jsonl, metrics.jsonl, reward_curve.png and summary.json; with ``--eval-size N`` the same
+N distinct held-out problems are answered greedily before and after training (eval_before/,
+eval_after/).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -22,49 +23,82 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import CliApp, SettingsError
 from rich.console import Console
-from rich.live import Live
+from rich.markup import escape
 
-from atroposlib.launcher import Component, ComponentFailedError, Supervisor
+from atroposlib.launcher import ComponentFailedError, Supervisor
 from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
-from atroposlib.localrun.panel import StatusPoller, render
+from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.settings import LocalRunSettings, resolve
+from atroposlib.utils.cli import describe, exit_with_error, settings_cli_source
 
-console = Console(stderr=True)
+PROG = "atropos-local"
+console = Console()  # progress and results: stdout
+errors = Console(stderr=True)
+
+
+def parse_settings(argv: list[str]) -> LocalRunSettings:
+    """Flags > ``ATROPOS_LOCAL_*`` > defaults; a bad value exits 2 with one line."""
+    try:
+        return CliApp.run(
+            LocalRunSettings,
+            cli_args=argv,
+            cli_settings_source=settings_cli_source(
+                LocalRunSettings, argv, PROG, cli_kebab_case=True, cli_implicit_flags=True
+            ),
+        )
+    except (SettingsError, ValidationError) as err:
+        exit_with_error(PROG, describe(err))
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        settings = CliApp.run(LocalRunSettings, cli_args=sys.argv[1:] if argv is None else argv)
-    except (SettingsError, ValidationError) as err:
-        console.print(f"error: {str(err).splitlines()[0]}")
-        return 2
+    settings = parse_settings(sys.argv[1:] if argv is None else argv)
     settings.env_script = resolve(settings.env_script)
     settings.env_config = resolve(settings.env_config)
-    if not settings.env_script.exists() or not settings.env_config.exists():
-        console.print(f"error: {settings.env_script} or {settings.env_config} does not exist")
-        return 2
+    for flag, path in (
+        ("--env-script", settings.env_script),
+        ("--env-config", settings.env_config),
+    ):
+        if not path.exists():
+            exit_with_error(PROG, f"{flag}: {path} does not exist")
     layout = _layout(settings)
-    console.print(f"run folder: {layout.run_dir}")
+    console.print(f"run folder: {layout.run_dir}", soft_wrap=True)
     signal.signal(signal.SIGTERM, _interrupt)
     with Supervisor(layout.run_dir) as supervisor, httpx.Client(timeout=2.0) as http:
         poller = StatusPoller(layout, http)
         try:
-            code = _run(settings, layout, supervisor, poller)
+            with _display(settings) as display:
+                code = _run(settings, layout, supervisor, poller, display)
         except ComponentFailedError as err:
-            console.print(f"[red]error:[/red] {err}")
+            errors.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
             code = 1
         except KeyboardInterrupt:
-            console.print("interrupted: stopping every process")
+            errors.print("interrupted: stopping every process")
             code = 130
         pids = supervisor.pids()
-    _write_report(settings, layout, code, weight_version=poller.status.weight_version, pids=pids)
+    _write_report(
+        settings,
+        layout,
+        code,
+        weight_version=poller.status.weight_version,
+        pids=pids,
+        started_at=poller.status.started_at,
+    )
     return code
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops every process as Ctrl-C does
+
+
+def _display(settings: LocalRunSettings) -> Display:
+    """The live panel on a terminal; plain lines for logs, CI, ``tee`` and ``--no-panel``."""
+    if settings.panel and console.is_terminal:
+        return LivePanel(console, settings.steps)
+    return PlainLines(
+        lambda line: print(line, flush=True), settings.steps, settings.progress_interval_s
+    )
 
 
 def _layout(settings: LocalRunSettings) -> RunLayout:
@@ -80,34 +114,64 @@ def _layout(settings: LocalRunSettings) -> RunLayout:
 
 
 def _run(
-    settings: LocalRunSettings, layout: RunLayout, supervisor: Supervisor, poller: StatusPoller
+    settings: LocalRunSettings,
+    layout: RunLayout,
+    supervisor: Supervisor,
+    poller: StatusPoller,
+    display: Display,
 ) -> int:
     status = poller.status
     status.phase = "starting broker and inference server"
+    display.update(status)
     supervisor.start(components.broker(layout))
     supervisor.start(components.inference(layout, settings))
     if settings.eval_size:
-        status.phase = "held-out eval before training"
-        _run_to_end(supervisor, components.evaluation(layout, settings, "before"))
+        _evaluate(settings, layout, supervisor, poller, display, "before")
     status.phase = "training"
     supervisor.start(components.trainer(layout, settings))
     supervisor.start(components.environment(layout, settings))
-    with Live(render(status, settings.steps), console=console, refresh_per_second=2,
-              transient=not settings.panel, redirect_stdout=False) as live:  # fmt: skip
-        while (trainer_code := supervisor.returncode("trainer")) is None:
-            _raise_if_env_failed(supervisor)
-            live.update(render(poller.poll(), settings.steps))
-            time.sleep(1.0)
-        live.update(render(poller.poll(), settings.steps))
+    _follow(supervisor, "trainer", poller, display)
+    trainer_code = supervisor.returncode("trainer")
     if trainer_code != 0:
         raise ComponentFailedError(
             f"trainer exited with code {trainer_code}:\n{supervisor.log_tail('trainer')}"
         )
     if settings.eval_size:
-        status.phase = "held-out eval after training"
-        console.print(status.phase)
-        _run_to_end(supervisor, components.evaluation(layout, settings, "after"))
+        _evaluate(settings, layout, supervisor, poller, display, "after")
+    status.phase = "done"
+    display.update(poller.poll())
     return 0
+
+
+def _evaluate(
+    settings: LocalRunSettings,
+    layout: RunLayout,
+    supervisor: Supervisor,
+    poller: StatusPoller,
+    display: Display,
+    label: str,
+) -> None:
+    """Greedy answers to the held-out problems, with their progress on the display."""
+    component = components.evaluation(layout, settings, label)
+    poller.status.start_eval(f"held-out eval {label} training", layout.eval_dir(label))
+    supervisor.start(component)
+    _follow(supervisor, component.name, poller, display)
+    code = supervisor.returncode(component.name)
+    if code != 0:
+        raise ComponentFailedError(
+            f"{component.name} exited with code {code}:\n{supervisor.log_tail(component.name)}"
+        )
+    poller.status.end_eval(f"held-out eval {label} training: done")
+    display.update(poller.poll())
+
+
+def _follow(supervisor: Supervisor, name: str, poller: StatusPoller, display: Display) -> None:
+    """Refresh the display until component ``name`` exits; a failed env stops the run."""
+    while supervisor.returncode(name) is None:
+        _raise_if_env_failed(supervisor)
+        display.update(poller.poll())
+        time.sleep(1.0)
+    display.update(poller.poll())
 
 
 def _raise_if_env_failed(supervisor: Supervisor) -> None:
@@ -118,15 +182,6 @@ def _raise_if_env_failed(supervisor: Supervisor) -> None:
             )
 
 
-def _run_to_end(supervisor: Supervisor, component: Component) -> None:
-    supervisor.start(component)
-    code = supervisor.wait(component.name)
-    if code != 0:
-        raise ComponentFailedError(
-            f"{component.name} exited with code {code}:\n{supervisor.log_tail(component.name)}"
-        )
-
-
 def _write_report(
     settings: LocalRunSettings,
     layout: RunLayout,
@@ -134,11 +189,14 @@ def _write_report(
     *,
     weight_version: int | None,
     pids: dict[str, int],
+    started_at: float,
 ) -> None:
     env_config = yaml.safe_load(settings.env_config.read_text()) or {}
     format_weight = float((env_config.get("env") or {}).get("format_weight", 0.0))
     rows = report.rewards_by_step(layout.rollouts_file, format_weight)
-    comparison = report.compare_evals(layout.run_dir / "eval_before", layout.run_dir / "eval_after")
+    comparison = report.compare_evals(
+        layout.eval_dir("before"), layout.eval_dir("after"), layout.rollouts_file
+    )
     if rows:
         report.plot_rewards(rows, layout.run_dir / "reward_curve.png")
     summary = report.write_summary(
@@ -148,11 +206,13 @@ def _write_report(
         exit_code=code,
         steps=settings.steps,
         final_weight_version=weight_version,
+        wall_s=round(time.monotonic() - started_at, 1),
+        disk_bytes=report.disk_usage(layout.run_dir),
         pids=pids,
     )
-    headline = {k: v for k, v in summary.items() if k != "rewards_by_step"}
-    console.print(json.dumps(headline, indent=1))
-    console.print(f"run folder: {layout.run_dir}")
+    for line in report.headline(summary):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"run folder: {layout.run_dir} (summary.json has every figure)", soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
-from pydantic_settings import CliApp
+from pydantic_settings import CliApp, SettingsError
 
 from atroposlib.api.settings import BrokerSettings
+from atroposlib.utils.cli import describe, exit_with_error, settings_cli_source
 
 logger = logging.getLogger("atroposlib.api")
 
@@ -33,12 +34,10 @@ def _kebab(argv: Sequence[str]) -> list[str]:
 def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
     args = _kebab(sys.argv[1:] if argv is None else argv)
     try:
-        return CliApp.run(RunApiSettings, cli_args=args)
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "settings"
-        print(f"run-api: error: --{field.replace('_', '-')}: {first['msg']}", file=sys.stderr)
-        raise SystemExit(2) from err
+        source = settings_cli_source(RunApiSettings, args, "run-api", cli_kebab_case=True)
+        return CliApp.run(RunApiSettings, cli_args=args, cli_settings_source=source)
+    except (SettingsError, ValidationError) as err:
+        exit_with_error("run-api", describe(err))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -52,8 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         open_store(settings.store).close()
     except ConfigError as err:
-        print(f"run-api: error: --store: {err}", file=sys.stderr)
-        raise SystemExit(1) from err
+        exit_with_error("run-api", f"--store: {err}", status=1)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

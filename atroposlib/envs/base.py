@@ -12,11 +12,14 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from pydantic import ValidationError
 
 from atroposlib.envs import checkpointing
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
+from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.evaluation import write_eval_results
 from atroposlib.envs.groups import (
     ScoredDataGroup,
@@ -24,29 +27,61 @@ from atroposlib.envs.groups import (
     group_from_items,
     group_rejection_reason,
 )
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
+    ReasoningConfig,
     ServerBaseline,
 )
-from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
+from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
-from atroposlib.type_definitions import Item
+from atroposlib.type_definitions import UUID, Item, Message
+from atroposlib.utils.io import parse_http_response
+from atroposlib.utils.metrics import get_std_min_max_avg
+from atroposlib.utils.tokenize_for_trainer import with_list_chat_template
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BaseEnv", "BaseEnvConfig", "EvalHandlingEnum", "ScoredDataGroup", "ScoredDataItem"]
+__all__ = [
+    "ENV_NAMESPACE",
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "UUID",
+    "APIServer",
+    "APIServerConfig",
+    "BaseEnv",
+    "BaseEnvConfig",
+    "EvalHandlingEnum",
+    "Item",
+    "Message",
+    "ReasoningConfig",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "ServerBaseline",
+    "ServerManager",
+    "ServerManagerConfig",
+    "get_std_min_max_avg",
+    "parse_http_response",
+]
 
-Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None
+Group = ScoredData | ScoredDataGroup
+Trajectories = Group | Sequence[Group | None] | None
+ATROPOS_NULL_KEYS = (
+    "ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs",
+)  # fmt: skip
+"""Keys Atropos 0.4 always wrote (null when the env set none), in JSONL and to the broker."""
 
 
 class BaseEnv(ABC):
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] | None = None
+    serving: bool = False  # set by ``serve`` before setup(): code envs refuse weak sandboxes
 
     def __init__(
         self,
@@ -57,7 +92,11 @@ class BaseEnv(ABC):
     ) -> None:
         self.config = config
         self.server = ServerManager(
-            server_configs, server_class=self.server_cls, slurm=slurm, testing=testing
+            server_configs,
+            server_class=self.server_cls,
+            slurm=slurm,
+            testing=testing,
+            reasoning_config=ReasoningConfig.from_env_config(config),
         )
         self.max_num_workers = config.max_num_workers
         if self.max_num_workers == -1:
@@ -78,7 +117,11 @@ class BaseEnv(ABC):
         self.tracker: Tracker = NullTracker()
         self.rollouts_for_wandb: list[list[tuple[Any, float]]] = []
         self._submit: Callable[[dict[str, Any]], None] | None = None
+        self._on_step: Callable[[int], Awaitable[None]] | None = None
         self._tokenizer: Any = None
+        self.last_failure: str | None = None
+        self.status_dict: dict[str, Any] = {}
+        """The last ``/status-env`` answer (``current_step``, ``queue_size``, ...)."""
 
     # ---- what subclasses implement ---------------------------------------------------
 
@@ -129,12 +172,30 @@ class BaseEnv(ABC):
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+            tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+            self._tokenizer = with_list_chat_template(tokenizer)
         return self._tokenizer
 
     @tokenizer.setter
     def tokenizer(self, value: Any) -> None:
         self._tokenizer = value
+
+    def token_sampler(
+        self, *, max_tokens: int | None = None, temperature: float | None = None, **sampling: Any
+    ) -> TokenSampler:
+        """Token-in/token-out sampling on this env's servers (see ``atroposlib.envs.rollouts``).
+
+        Defaults: the config's ``max_completion_tokens`` and ``temperature`` (else 1.0).
+        """
+        if max_tokens is None:
+            max_tokens = getattr(self.config, "max_completion_tokens", None)
+        if max_tokens is None:
+            raise ValueError("pass max_tokens (the config has no max_completion_tokens)")
+        if temperature is None:
+            temperature = float(getattr(self.config, "temperature", 1.0))
+        return TokenSampler(
+            self.server, self.tokenizer, max_tokens=max_tokens, temperature=temperature, **sampling
+        )
 
     def derived_batch_size(self, status: EnvStatusResponse | None = None) -> int:
         """This env's share of a batch: the unallocated share plus its minimum allocation."""
@@ -167,9 +228,11 @@ class BaseEnv(ABC):
         self.stats.completion_lengths = value
 
     async def add_rollouts_for_wandb(
-        self, scored_data: ScoredDataGroup | dict[str, Any], item: Item = None
+        self, scored_data: Group | dict[str, Any], item: Item = None
     ) -> None:
         """Keep rollouts for the wandb table (token ids are decoded only when logged)."""
+        if isinstance(scored_data, ScoredData):
+            scored_data = scored_data.wire()
         keep = self.config.num_rollouts_per_group_for_logging
         keep = len(scored_data["tokens"]) if keep == -1 else keep
         pairs = zip(scored_data["tokens"][:keep], scored_data["scores"][:keep], strict=True)
@@ -207,6 +270,20 @@ class BaseEnv(ABC):
             await self.add_rollouts_for_wandb(group, item)
             if do_send_to_api and self._submit is not None:
                 self._submit(group)
+
+    def perf_stats(self, metrics_dict: dict[str, Any]) -> dict[str, Any]:
+        """Add the rollout timings since the last log (``perf/...``) to ``metrics_dict``."""
+        metrics_dict.update(self.perf.drain())
+        return metrics_dict
+
+    async def env_step_checks(self) -> None:
+        """Called by ``serve`` after each ``/status-env``; starts evals, saves checkpoints and
+        logs when the trainer's step moved. Override to add your own (call super)."""
+        step = int(self.status_dict.get("current_step", self.curr_step))
+        if self._on_step is not None:
+            await self._on_step(step)
+        else:
+            self.curr_step = step
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
         """Log ``wandb_metrics`` and the env's own: lengths, scores, rollouts, timings, servers."""
@@ -287,52 +364,63 @@ class BaseEnv(ABC):
     async def run_item(
         self, item: Item, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
-        """Roll out ``item`` and return the groups fit to send; failures are logged and counted."""
+        """Roll out ``item`` and return the groups fit to send; failures are logged and counted
+        (``last_failure`` says why, set just before returning: safe with concurrent items)."""
         started = time.perf_counter()
+        failure: str | None = None
         try:
             trajectories, extra = await self.collect_trajectories(item)
-            self.backlog.extend(extra)
+            self.backlog.extend(extra or [])
             trajectories = await self.postprocess_histories(trajectories)
         except InferenceUnavailableError as exc:
             logger.warning("rollout postponed, inference unavailable: %s", exc)
             self.backlog.append(item)
-            self.perf.record(time.perf_counter() - started, ok=False)
-            return []
-        except Exception:
+            trajectories, failure = None, f"inference unavailable: {exc}"
+        except Exception as exc:
             logger.exception("rollout of item failed in %s", type(self).__name__)
-            self.perf.record(time.perf_counter() - started, ok=False)
-            return []
+            trajectories = None
+            failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
         finally:
             await self.cleanup()
-        groups = self.accept_groups(trajectories, max_token_len=max_token_len)
+        self.last_failure = None
+        groups = self.accept_groups(trajectories, max_token_len=max_token_len, item=item)
+        failure = failure or self.last_failure
         for group in groups:
             await self.add_rollouts_for_wandb(group, item)
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
+        self.last_failure = None if groups else failure or "collect_trajectories gave no group"
         return groups
 
     def accept_groups(
-        self, trajectories: Trajectories, *, max_token_len: int | None = None
+        self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None
     ) -> list[dict[str, Any]]:
-        """Validate groups; each rejection is logged with its reason and counted."""
+        """Validate groups (an Atropos dict becomes ``ScoredData`` here, once) and return their
+        wire form, with Atropos's keys; each rejection (a malformed group included) is logged
+        with its reason and the item, counted, and skipped. ``max_token_len=-1`` (``process``)
+        accepts any length and groups with nothing to train, as Atropos wrote them."""
         if trajectories is None:
             return []
-        candidates = [trajectories] if isinstance(trajectories, dict) else list(trajectories)
+        if isinstance(trajectories, dict | ScoredData):
+            candidates: list[Any] = [trajectories]
+        elif isinstance(trajectories, list | tuple):
+            candidates = list(trajectories)
+        else:
+            candidates = [trajectories]
         limit = self.max_token_len if max_token_len is None else max_token_len
         accepted: list[dict[str, Any]] = []
-        for group in candidates:
-            if group is None:
+        for candidate in candidates:
+            if candidate is None:
                 continue
-            reason = group_rejection_reason(
-                group,
-                group_size=self.config.group_size,
-                max_token_len=limit,
-                ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
-            )
-            if reason is not None:
-                logger.warning("group not sent: %s", reason)
+            checked = self._checked(candidate, limit, require_trained=max_token_len != -1)
+            if isinstance(checked, str):
+                reason = checked
+                logger.warning("group not sent: %s (item: %.300r)", reason, item)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
+                self.last_failure = f"group rejected: {reason}"
                 continue
-            payload: dict[str, Any] = dict(group)
+            payload = checked
+            for key in ATROPOS_NULL_KEYS:
+                payload.setdefault(key, None)
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
                 payload["messages"] = [
                     [{"role": "assistant", "content": self._tokenizer.decode(seq)}]
@@ -342,6 +430,25 @@ class BaseEnv(ABC):
             self.items_sent_this_step += 1
             accepted.append(payload)
         return accepted
+
+    def _checked(
+        self, candidate: Any, max_token_len: int, require_trained: bool
+    ) -> dict[str, Any] | str:
+        """The group's wire form, or why it must not be sent."""
+        if not isinstance(candidate, dict | ScoredData):
+            return f"malformed group: a {type(candidate).__name__}, not a dict"
+        try:
+            group, payload = checked_wire_form(candidate)
+        except ValidationError as exc:
+            return f"malformed group: {invalid_group_reason(exc)}"
+        reason = group_rejection_reason(
+            group,
+            group_size=self.config.group_size,
+            max_token_len=max_token_len,
+            ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
+            require_trained_tokens=require_trained,
+        )
+        return payload if reason is None else reason
 
     async def run_evaluate(self) -> None:
         try:

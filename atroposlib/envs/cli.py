@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
 from atroposlib.errors import ConfigError
+from atroposlib.utils.cli import configure_logging, describe, snake_flag
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -37,15 +40,14 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _env_flag(loc: Sequence[str]) -> str:
+    """``("servers", "timeout")`` -> ``--openai.timeout`` (a server list comes from --openai)."""
+    return snake_flag(["openai" if part == "servers" else part for part in loc])
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """The first error as one line: the flag it came from and what it accepts."""
-    first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"] if not isinstance(part, int))
-    flag = "--" + (location.replace("servers", "openai") or "?")
-    got = first.get("input")
-    shown = f" (got {got!r})" if not isinstance(got, dict | list) else ""
-    extra = f"; {len(exc.errors()) - 1} more error(s)" if len(exc.errors()) > 1 else ""
-    return f"{flag}: {first['msg']}{shown}{extra}"
+    return describe(exc, _env_flag)
 
 
 def parse_settings(
@@ -53,18 +55,32 @@ def parse_settings(
 ) -> EnvCliSettings:
     from atroposlib.envs.modes import COMMAND_DEFAULTS
 
-    model = settings_model(env_cls.env_config_cls, command)
     defaults = env_cls.config_init()
-    model = settings_model(type(defaults[0]), command)
+    model = settings_model(type(defaults[0]), command, teacher=_has_teacher(env_cls))
     command_defaults = COMMAND_DEFAULTS[command](env_cls)
     try:
         return resolve_settings(model, argv, defaults, command_defaults, environ)
     except SettingsError as exc:
-        _fail(str(exc).removeprefix("error parsing CLI: "))
+        _fail(describe(exc, _env_flag))
     except ValidationError as exc:
         _fail(describe_validation_error(exc))
     except ConfigError as exc:
         _fail(str(exc))
+
+
+def _has_teacher(env_cls: type[BaseEnv]) -> bool:
+    return hasattr(env_cls, "teacher_config_init")
+
+
+def _teacher_configs(env_cls: type[BaseEnv], settings: EnvCliSettings) -> Any:
+    """``--teacher.*`` / YAML ``teacher:`` over ``teacher_config_init()``."""
+    given = getattr(settings, "teacher", None)
+    default = env_cls.teacher_config_init()  # type: ignore[attr-defined]
+    if given is None:
+        return default
+    base = default[0] if isinstance(default, list) and default else default
+    base_values = base.model_dump() if base is not None else {}
+    return [APIServerConfig(**{**base_values, **given.model_dump(exclude_unset=True)})]
 
 
 def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
@@ -74,6 +90,14 @@ def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
     servers: Any = settings.servers or ([settings.openai] if settings.openai else None)
     if servers is None:
         servers = env_cls.config_init()[1]
+    if _has_teacher(env_cls):
+        return env_cls(  # type: ignore[call-arg]
+            env_config,
+            servers,
+            teacher_server_configs=_teacher_configs(env_cls, settings),
+            slurm=settings.slurm,
+            testing=settings.testing,
+        )
     return env_cls(env_config, servers, slurm=settings.slurm, testing=settings.testing)
 
 
@@ -86,10 +110,7 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         _fail(f"unknown command {command!r}; use one of: serve, process, evaluate")
     settings = parse_settings(env_cls, command, rest)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(logging.INFO)
     from atroposlib.envs import modes
 
     try:

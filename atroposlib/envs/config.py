@@ -107,6 +107,34 @@ class BaseEnvConfig(BaseModel):
         default=600, description="Seconds before a rollout is cancelled (-1: no limit)."
     )
 
+    thinking_mode: bool = Field(
+        default=False,
+        description="Ask reasoning models to think (reasoning options in each chat request).",
+    )
+    reasoning_effort: str | None = Field(
+        default=None,
+        description="Reasoning effort: none, minimal, low, medium, high or xhigh (turns on "
+        "thinking_mode).",
+    )
+    max_reasoning_tokens: int | None = Field(
+        default=None,
+        ge=1024,
+        le=32000,
+        description="Reasoning token budget, 1024-32000 (not for OpenAI's own API).",
+    )
+    custom_thinking_prompt: str | None = Field(
+        default=None, description="System prompt envs may prepend in thinking mode."
+    )
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _known_effort(cls, value: str | None) -> str | None:
+        from atroposlib.envs.server_handling.reasoning import VALID_REASONING_EFFORTS
+
+        if value is not None and value not in VALID_REASONING_EFFORTS:
+            raise ValueError(f"must be one of {sorted(VALID_REASONING_EFFORTS)}")
+        return value
+
     @field_validator("inference_weight")
     @classmethod
     def _weight_is_positive_or_ignored(cls, value: float) -> float:

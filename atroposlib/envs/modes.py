@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -62,6 +63,7 @@ async def serve(env: BaseEnv) -> None:
     url, secret = env.config.rollout_server_url, env.config.rollout_server_api_key
     api_key = secret.get_secret_value() if secret is not None else None
     encoding = await broker_encoding(url)
+    env.serving = True
     try:
         async with EnvClient(url, api_key, max_retries=3, encoding=encoding) as client:
             await EnvRunner(env, client).run()
@@ -84,51 +86,125 @@ def unauthorized_reason(url: str, sent_a_key: bool) -> str:
 
 def _for_report(env: BaseEnv, group: dict[str, Any]) -> dict[str, Any]:
     if group.get("messages") or env.tokenizer_or_none() is None:
-        return group
+        return {"messages": None, **group}
     texts = [env.tokenizer_or_none().decode(tokens) for tokens in group["tokens"]]
     return {**group, "messages": [[{"role": "text", "content": t}] for t in texts]}
 
 
+ATTEMPTS_PER_ITEM = 3
+"""How often ``process`` rolls out one item before it gives that item up."""
+ITEMS_GIVEN_UP_IN_A_ROW = 5
+"""``process`` stops when this many items in a row gave no group in all their attempts."""
+
+
+class ProcessFailedError(ConfigError):
+    """``process`` could not write a single group (the CLI exits 1 with this one line)."""
+
+
+@dataclass
+class _ProcessState:
+    target: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    attempts: dict[int, int] = field(default_factory=dict)
+    retry: list[tuple[int, Any]] = field(default_factory=list)
+    given_up: int = 0
+    given_up_in_a_row: int = 0
+    tried: int = 0
+    last_failure: str | None = None
+
+    @property
+    def missing(self) -> int:
+        return self.target - len(self.rows)
+
+
+async def _next_items(env: BaseEnv, state: _ProcessState, want: int) -> list[tuple[int, Any]]:
+    """Items to roll out now: those waiting for another attempt first, then new ones."""
+    batch = state.retry[:want]
+    del state.retry[:want]
+    while len(batch) < want:
+        item = await env.next_item()
+        if item is None:
+            break
+        state.tried += 1
+        batch.append((state.tried, item))
+    return batch
+
+
+def _settle(state: _ProcessState, key: int, item: Any, wrote: bool, failure: str | None) -> None:
+    if wrote:
+        state.given_up_in_a_row = 0
+        return
+    state.last_failure = failure or state.last_failure
+    state.attempts[key] = state.attempts.get(key, 0) + 1
+    if state.attempts[key] < ATTEMPTS_PER_ITEM:
+        state.retry.append((key, item))
+        return
+    state.given_up += 1
+    state.given_up_in_a_row += 1
+    logger.warning("item gave no group in %d attempts, skipped (last: %s): %.300r",
+                   ATTEMPTS_PER_ITEM, failure, item)  # fmt: skip
+
+
 async def process(env: BaseEnv) -> list[dict[str, Any]]:
-    """Generate ``total_steps`` groups, write them to JSONL and an HTML report."""
+    """Write ``total_steps`` groups to JSONL and an HTML report.
+
+    Each item gets up to ``ATTEMPTS_PER_ITEM`` rollouts; it stops early when the env has no
+    more items or ``ITEMS_GIVEN_UP_IN_A_ROW`` items in a row gave nothing. Rows carry Atropos's
+    keys (nulls included). Raises ``ProcessFailedError`` when not one group was written.
+    """
     config = env.config
     await env.setup()
-    target = config.total_steps
+    state = _ProcessState(target=config.total_steps)
     path = free_path(Path(config.data_path_to_save_groups or "data/groups.jsonl"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    groups: list[dict[str, Any]] = []
-    scores: list[float] = []
     started = time.perf_counter()
-    concurrency = max(1, min(env.max_num_workers, target))
-    attempts_left = max(10, target * 5)
+    concurrency = max(1, min(env.max_num_workers, state.target))
     with path.open("wb") as jsonl, _progress() as progress:
-        bar = progress.add_task("groups", total=target, rate=0.0, mean=float("nan"))
-        while len(groups) < target and attempts_left > 0:
-            want = min(concurrency, target - len(groups), attempts_left)
-            items = [await env.next_item() for _ in range(want)]
-            items = [item for item in items if item is not None]
-            if not items:
+        bar = progress.add_task("groups", total=state.target, rate=0.0, mean=float("nan"))
+        while state.missing > 0 and state.given_up_in_a_row < ITEMS_GIVEN_UP_IN_A_ROW:
+            batch = await _next_items(env, state, min(concurrency, state.missing))
+            if not batch:
                 logger.info("get_next_item returned None: no more items")
                 break
-            attempts_left -= len(items)
-            for batch in await asyncio.gather(*(env.run_item(i, max_token_len=-1) for i in items)):
-                for group in batch[: target - len(groups)]:
-                    group = _for_report(env, group)
-                    jsonl.write(orjson.dumps(group) + b"\n")
-                    groups.append(group)
-                    scores.extend(float(s) for s in group["scores"])
+            outcomes = await asyncio.gather(*(_roll_out(env, item) for _, item in batch))
+            for (key, item), (groups, failure) in zip(batch, outcomes, strict=True):
+                for group in groups[: state.missing]:
+                    row = _for_report(env, group)
+                    jsonl.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                    state.rows.append(row)
+                    state.scores.extend(float(s) for s in row["scores"])
+                _settle(state, key, item, bool(groups), failure)
             elapsed = max(1e-9, time.perf_counter() - started)
-            mean = sum(scores) / len(scores) if scores else float("nan")
-            progress.update(bar, completed=len(groups), rate=len(groups) / elapsed, mean=mean)
-    html_path = path.with_suffix(".html")
-    html_path.write_text(
-        render_groups_html(groups, title=f"{env.name or type(env).__name__}: {path.name}")
-    )
-    logger.info("wrote %d groups to %s and %s", len(groups), path, html_path)
-    if len(groups) < target:
-        logger.warning("only %d of %d groups could be generated", len(groups), target)
+            mean = sum(state.scores) / len(state.scores) if state.scores else float("nan")
+            progress.update(bar, completed=len(state.rows), rate=len(state.rows) / elapsed,
+                            mean=mean)  # fmt: skip
     await env.server.close()
-    return groups
+    return _finish_process(env, state, path)
+
+
+async def _roll_out(env: BaseEnv, item: Any) -> tuple[list[dict[str, Any]], str | None]:
+    groups = await env.run_item(item, max_token_len=-1)
+    return groups, env.last_failure
+
+
+def _finish_process(env: BaseEnv, state: _ProcessState, path: Path) -> list[dict[str, Any]]:
+    if not state.rows:
+        path.unlink(missing_ok=True)
+        raise ProcessFailedError(
+            f"process wrote no group: {state.tried} item(s) tried, {state.given_up} given up "
+            f"after {ATTEMPTS_PER_ITEM} attempts each; last failure: "
+            f"{state.last_failure or 'get_next_item returned None'}"
+        )
+    html_path = path.with_suffix(".html")
+    title = f"{env.name or type(env).__name__}: {path.name}"
+    html_path.write_text(render_groups_html(state.rows, title=title))
+    logger.info("wrote %d groups to %s and %s", len(state.rows), path, html_path)
+    if state.missing > 0:
+        logger.warning("only %d of %d groups could be generated (%d items given up; last "
+                       "failure: %s)", len(state.rows), state.target, state.given_up,
+                       state.last_failure)  # fmt: skip
+    return state.rows
 
 
 def _progress() -> Progress:

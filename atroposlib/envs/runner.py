@@ -118,6 +118,7 @@ class EnvRunner:
             group["env_id"] = env.env_id
         self.sender.start()
         env._submit = self.submit
+        env._on_step = self._on_step
         try:
             await self._loop()
         finally:
@@ -147,7 +148,8 @@ class EnvRunner:
         while True:
             status = await self._refresh_status()
             if status is not None:
-                await self._on_step(status.current_step)
+                self.env.status_dict = status.model_dump()
+                await self.env.env_step_checks()
                 if status.current_step >= self.env.config.total_steps:
                     logger.info("trainer reached total_steps %d: stopping", status.current_step)
                     if self.eval_task is not None:

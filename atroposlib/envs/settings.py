@@ -20,11 +20,12 @@ from pydantic_settings.sources import CliSuppress
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.errors import ConfigError
+from atroposlib.utils.cli import add_argument_one_default
 from atroposlib.utils.yaml_settings import LayeredSettings, read_yaml_config
 
 ENV_PREFIX = "ATROPOS_"
 API_KEY_VARIABLE = "ATROPOS_API_KEY"  # the broker's key, shared by every process of a run
-YAML_KEYS = ("env", "openai", "slurm", "testing")
+YAML_KEYS = ("env", "openai", "slurm", "testing", "teacher")
 
 
 class EnvCliSettings(LayeredSettings):
@@ -46,12 +47,19 @@ class EnvCliSettings(LayeredSettings):
     config: str | None = Field(default=None, description="YAML file with env: and openai: keys.")
 
 
-def settings_model(env_config_cls: type[BaseEnvConfig], command: str) -> type[EnvCliSettings]:
-    return create_model(
-        f"{command.capitalize()}Settings",
-        __base__=EnvCliSettings,
-        env=(env_config_cls, Field(default_factory=env_config_cls, description="Env settings.")),
-    )
+def settings_model(
+    env_config_cls: type[BaseEnvConfig], command: str, teacher: bool = False
+) -> type[EnvCliSettings]:
+    """The command's settings; ``teacher`` adds ``--teacher.<field>`` (distillation envs)."""
+    fields: dict[str, Any] = {
+        "env": (env_config_cls, Field(default_factory=env_config_cls, description="Env settings."))
+    }
+    if teacher:
+        fields["teacher"] = (
+            APIServerConfig | None,
+            Field(default=None, description="Teacher inference server (distillation)."),
+        )
+    return create_model(f"{command.capitalize()}Settings", __base__=EnvCliSettings, **fields)
 
 
 def _dump_servers(servers: ServerBaseline | list[APIServerConfig]) -> Any:
@@ -141,6 +149,7 @@ def resolve_settings(
         cli_exit_on_error=False,
         cli_implicit_flags=True,
         cli_prog_name=f"{Path(__import__('sys').argv[0]).name} {model.__name__[:-8].lower()}",
+        add_argument_method=add_argument_one_default,
     )()
     env_source = EnvSettingsSource(
         model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
@@ -170,6 +179,8 @@ def resolve_settings(
         merged_env.update(layer.get("env") or {})
         openai = _overlay_openai(openai, layer.get("openai"), baseline)
         flags.update({k: layer[k] for k in ("slurm", "testing") if k in layer})
+        if "teacher" in model.model_fields and layer.get("teacher") is not None:
+            flags["teacher"] = {**(flags.get("teacher") or {}), **layer["teacher"]}
     values: dict[str, Any] = {"env": merged_env, "config": config_path, **flags}
     if isinstance(openai, list):
         values["servers"] = openai

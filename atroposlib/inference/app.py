@@ -4,6 +4,7 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (OpenAI shapes), ``POST /generate`` (SGLang's token-in,
 token-out shape), ``POST /update_weights_from_disk`` (SGLang's reload shape) and
 ``POST /v1/load_lora_adapter`` (vLLM's shape; merged into the base, see ``inference.lora``).
+The generation side is :mod:`atroposlib.inference.scheduler`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedModel
 
 from atroposlib.inference.engine import ModelRunner, check_compatible, load_model
+from atroposlib.inference.limits import BodySizeLimit
 from atroposlib.inference.lora import load_merged
 from atroposlib.inference.openai_api import router as openai_router
 from atroposlib.inference.scheduler import Scheduler
@@ -60,6 +64,8 @@ def create_app(settings: InferenceSettings) -> FastAPI:
             await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="atroposlib inference", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     guarded = [Depends(_bearer_check(settings.api_key))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)
@@ -81,10 +87,20 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     return app
 
 
+async def _invalid_request(_: Request, error: Exception) -> JSONResponse:
+    """422 naming each bad field; the offending values are not echoed back (a NaN would not
+    encode as JSON, and a huge body should not come back)."""
+    assert isinstance(error, RequestValidationError)
+    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
 async def health(request: Request) -> InferenceHealthResponse:
     state = server_state(request)
     return InferenceHealthResponse(
-        model=state.settings.model_name, weight_version=state.scheduler.weight_version
+        model=state.settings.model_name,
+        weight_version=state.scheduler.weight_version,
+        **asdict(state.scheduler.stats),
     )
 
 

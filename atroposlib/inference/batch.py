@@ -35,6 +35,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def context_ids(self) -> list[int]:
+        """What the model has to have seen to sample the next token: prompt, then output."""
+        return self.prompt_ids + self.output_ids
+
 
 class ActiveBatch:
     """Rows being decoded together: cache (B, H, L, D) per layer, mask (B, L)."""

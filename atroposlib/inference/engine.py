@@ -74,15 +74,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, rows: list[Sequence]) -> ActiveBatch:
-        """Run the prompts of ``rows`` (left-padded) and sample each row's first token.
+        """Run the contexts of ``rows`` (left-padded) and sample each row's next token.
 
-        A prompt shared by several rows (``n > 1``) is run once; its cache is copied per row.
+        A new row's context is its prompt; a preempted row resumes from its prompt plus the
+        tokens it already has. A context shared by several rows (``n > 1``) is run once;
+        its cache is copied per row.
         """
         unique: dict[tuple[int, ...], int] = {}
-        for row in rows:
+        contexts = [tuple(row.context_ids) for row in rows]
+        for row, context in zip(rows, contexts, strict=True):
             if row.params.seed is not None and row.generator is None:
                 row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
-            unique.setdefault(tuple(row.prompt_ids), len(unique))
+            unique.setdefault(context, len(unique))
         prompts = list(unique)
         width = max(len(prompt) for prompt in prompts)
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -103,15 +106,32 @@ class ModelRunner:
         )
         logits = out.logits[:, -1, :]  # (unique prompts, V)
         if len(prompts) < len(rows):
-            source = torch.tensor(
-                [unique[tuple(row.prompt_ids)] for row in rows], device=ids.device
-            )
+            source = torch.tensor([unique[context] for context in contexts], device=ids.device)
             cache.batch_select_indices(source)
             mask, logits = mask[source], logits[source]
         first = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
         batch = ActiveBatch(rows, cache, mask, first)
         self._sample_into(batch, logits)
         return batch
+
+    @torch.inference_mode()
+    def prompt_logprobs(
+        self, ids: list[int], top_k: int
+    ) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
+        """Teacher scoring: each token's logprob given the ones before it (None for the
+        first), and the ``top_k`` most likely tokens at each position."""
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=tokens).logits[0, :-1].float()  # (L-1, V)
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(-1, tokens[0, 1:, None]).squeeze(-1).tolist()
+        tops: list[list[tuple[float, int]] | None] = [None]
+        if top_k > 0:
+            values, indices = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+            pairs = zip(values.tolist(), indices.tolist(), strict=True)
+            tops += [list(zip(v, i, strict=True)) for v, i in pairs]
+        else:
+            tops += [None] * (len(ids) - 1)
+        return [None, *chosen], tops
 
     @torch.inference_mode()
     def decode(self, batch: ActiveBatch) -> None:

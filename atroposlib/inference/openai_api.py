@@ -1,39 +1,52 @@
-"""``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` in OpenAI's shapes."""
+"""``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` in OpenAI's shapes.
+
+``stream: true`` answers server-sent events (:mod:`~atroposlib.inference.streaming`);
+a client that disconnects has its generation cancelled before the next decode step.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from atroposlib.inference.batch import Sequence
+from atroposlib.inference.limits import check_request_size
+from atroposlib.inference.openai_format import (
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    usage,
+)
 from atroposlib.inference.requests import (
     bad_request,
     budget,
     chat_prompt,
     prompt_batch,
     sequences,
-    stop_strings,
+    stop_conditions,
 )
 from atroposlib.inference.sampling import SamplingParams
+from atroposlib.inference.serving import run_job
 from atroposlib.inference.state import ServerState, server_state
+from atroposlib.inference.streaming import (
+    StreamedRequest,
+    chat_events,
+    completion_events,
+    sse_response,
+)
 from atroposlib.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessageOut,
-    ChoiceLogprobs,
     CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
     OpenAISamplingFields,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
 )
 
 router = APIRouter(prefix="/v1")
@@ -54,22 +67,34 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=cards)
 
 
-@router.post("/completions")
-async def completions(body: CompletionRequest, request: Request) -> CompletionResponse:
+@router.post("/completions", response_model=CompletionResponse)
+async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | Response:
     state = server_state(request)
     _check_common(state, body)
     if body.echo:
         raise bad_request("echo", "echo is not supported by the embedded server; set it false")
     prompts = prompt_batch(state.runner, body.prompt, "prompt")
     limits = [budget(state.runner, len(ids), body.max_tokens, "max_tokens") for ids in prompts]
-    params = _params(body, top_logprobs=body.logprobs or 0)
-    done = await state.scheduler.generate(sequences(prompts, body.n, params, limits))
+    check_request_size(state.settings, "prompt", limits, body.n, "max_tokens")
+    params = _params(state, body, top_logprobs=body.logprobs or 0)
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    todo = sequences(prompts, body.n, params, limits)
+    if body.stream:
+        logprobs = body.logprobs is not None
+        stream = _streamed(request, state, body, todo, prompt_tokens, logprobs)
+        return sse_response(completion_events(stream))
+    done = await run_job(request, state.scheduler, todo)
+    if isinstance(done, Response):
+        return done
+    state.sample_log.record(done)
     choices = [
         CompletionChoice(
             index=i,
             text=seq.text,
-            logprobs=_completion_logprobs(state, seq) if body.logprobs is not None else None,
-            finish_reason=_finish(seq),
+            logprobs=completion_logprobs(state, seq.output_ids, seq.logprobs, _top(seq))
+            if body.logprobs is not None
+            else None,
+            finish_reason=finish_reason(seq.finish_reason) or "stop",
             token_ids=seq.output_ids,
         )
         for i, seq in enumerate(done)
@@ -79,12 +104,14 @@ async def completions(body: CompletionRequest, request: Request) -> CompletionRe
         created=int(time.time()),
         model=body.model,
         choices=choices,
-        usage=_usage(sum(len(ids) for ids in prompts), done),
+        usage=usage(prompt_tokens, done),
     )
 
 
-@router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse:
+@router.post("/chat/completions", response_model=ChatCompletionResponse)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request
+) -> ChatCompletionResponse | Response:
     state = server_state(request)
     _check_common(state, body)
     if body.top_logprobs and not body.logprobs:
@@ -93,14 +120,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Cha
     max_new = body.max_completion_tokens or body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     limit = budget(state.runner, len(prompt), max_new, field)
-    params = _params(body, top_logprobs=body.top_logprobs or 0)
-    done = await state.scheduler.generate(sequences([prompt], body.n, params, [limit]))
+    check_request_size(state.settings, "messages", [limit], body.n, field)
+    params = _params(state, body, top_logprobs=body.top_logprobs or 0)
+    todo = sequences([prompt], body.n, params, [limit])
+    if body.stream:
+        stream = _streamed(request, state, body, todo, len(prompt), body.logprobs)
+        return sse_response(chat_events(stream))
+    done = await run_job(request, state.scheduler, todo)
+    if isinstance(done, Response):
+        return done
+    state.sample_log.record(done)
     choices = [
         ChatChoice(
             index=i,
             message=ChatMessageOut(content=seq.text),
-            logprobs=_chat_logprobs(state, seq) if body.logprobs else None,
-            finish_reason=_finish(seq),
+            logprobs=chat_logprobs(state, seq.output_ids, seq.logprobs, _top(seq))
+            if body.logprobs
+            else None,
+            finish_reason=finish_reason(seq.finish_reason) or "stop",
             token_ids=seq.output_ids,
         )
         for i, seq in enumerate(done)
@@ -110,7 +147,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Cha
         created=int(time.time()),
         model=body.model,
         choices=choices,
-        usage=_usage(len(prompt), done),
+        usage=usage(len(prompt), done),
         prompt_token_ids=prompt,
     )
 
@@ -122,64 +159,34 @@ def _check_common(state: ServerState, body: OpenAISamplingFields) -> None:
             f"model {body.model!r} is not served here; use one of {state.model_names}",
             status_code=404,
         )
-    if body.stream:
-        raise bad_request("stream", "streaming is not supported by the embedded server")
 
 
-def _params(body: OpenAISamplingFields, top_logprobs: int) -> SamplingParams:
+def _streamed(
+    request: Request,
+    state: ServerState,
+    body: OpenAISamplingFields,
+    todo: list[Sequence],
+    prompt_tokens: int,
+    logprobs: bool,
+) -> StreamedRequest:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return StreamedRequest(request, state, todo, body.model, prompt_tokens, logprobs, include_usage)
+
+
+def _params(state: ServerState, body: OpenAISamplingFields, top_logprobs: int) -> SamplingParams:
+    stop, stop_ids = stop_conditions(state.runner, body.stop, body.stop_token_ids)
     return SamplingParams(
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=max(body.top_k, 0),
         min_p=body.min_p,
-        stop=stop_strings(body.stop),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
+        stop=stop,
+        stop_token_ids=stop_ids,
         ignore_eos=body.ignore_eos,
         seed=body.seed,
         top_logprobs=top_logprobs,
     )
 
 
-def _finish(seq: Sequence) -> str:
-    return "length" if seq.finish_reason == "length" else "stop"
-
-
-def _usage(prompt_tokens: int, done: list[Sequence]) -> Usage:
-    completion = sum(len(seq.output_ids) for seq in done)
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion,
-        total_tokens=prompt_tokens + completion,
-    )
-
-
-def _completion_logprobs(state: ServerState, seq: Sequence) -> CompletionLogprobs:
-    pieces = [state.token_text(t) for t in seq.output_ids]
-    offsets, position = [], 0
-    for piece in pieces:
-        offsets.append(position)
-        position += len(piece)
-    top = None
-    if seq.params.top_logprobs:
-        top = [{state.token_text(t): lp for t, lp in step} for step in seq.top_logprobs]
-    return CompletionLogprobs(
-        tokens=pieces, token_logprobs=seq.logprobs, top_logprobs=top, text_offset=offsets
-    )
-
-
-def _chat_logprobs(state: ServerState, seq: Sequence) -> ChoiceLogprobs:
-    content = []
-    for i, (token, logprob) in enumerate(zip(seq.output_ids, seq.logprobs, strict=True)):
-        alternatives = seq.top_logprobs[i] if seq.params.top_logprobs else []
-        content.append(
-            TokenLogprob(
-                **_top(state, token, logprob).model_dump(),
-                top_logprobs=[_top(state, t, lp) for t, lp in alternatives],
-            )
-        )
-    return ChoiceLogprobs(content=content)
-
-
-def _top(state: ServerState, token: int, logprob: float) -> TopLogprob:
-    text = state.token_text(token)
-    return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+def _top(seq: Sequence) -> list[list[tuple[int, float]]] | None:
+    return seq.top_logprobs if seq.params.top_logprobs else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -18,13 +19,28 @@ def bad_request(field: str, message: str, status_code: int = 400) -> HTTPExcepti
     return HTTPException(status_code=status_code, detail=f"{field}: {message}")
 
 
-def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    strings = (stop,) if isinstance(stop, str) else tuple(stop)
+def stop_conditions(
+    runner: ModelRunner,
+    stop: str | int | list[str | int] | None,
+    stop_token_ids: list[int] | None,
+    prefix: str = "",
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Stop strings and stop token ids; ``stop`` may hold either (Atropos sends eos ids)."""
+    given = [] if stop is None else [stop] if isinstance(stop, str | int) else stop
+    strings = tuple(s for s in given if isinstance(s, str))
     if any(not s for s in strings):
-        raise bad_request("stop", "stop strings must be non-empty")
-    return strings
+        raise bad_request(f"{prefix}stop", "stop strings must be non-empty", 422)
+    ids = tuple(t for t in given if isinstance(t, int))
+    for field, values in ((f"{prefix}stop", ids), (f"{prefix}stop_token_ids", stop_token_ids)):
+        _check_vocabulary(runner, values or (), field)
+    return strings, ids + tuple(stop_token_ids or ())
+
+
+def _check_vocabulary(runner: ModelRunner, ids: Iterable[int], field: str) -> None:
+    vocab = runner.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise bad_request(field, f"token id {bad} is outside the vocabulary [0, {vocab})", 422)
 
 
 def prompt_batch(
@@ -42,11 +58,8 @@ def prompt_batch(
         ]
     if not prompts or any(not ids for ids in prompts):
         raise bad_request(field, "every prompt needs at least one token")
-    vocab = runner.vocab_size
     for ids in prompts:
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise bad_request(field, f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        _check_vocabulary(runner, ids, field)
     return prompts
 
 

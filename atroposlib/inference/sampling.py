@@ -8,7 +8,8 @@ the token was actually drawn from:
   probable), ``top_p`` (the nucleus), ``min_p`` (tokens with ``p >= min_p * p_max``). With
   ``top_p < 1`` alone the reported value is ``log(p_i / sum_{j in nucleus} p_j)``.
 - ``temperature == 0`` (greedy): the arg-max token, with ``log_softmax(logits)`` (T = 1)
-  as its log-probability, as vLLM and SGLang report it.
+  as its log-probability, as vLLM and SGLang report it. A temperature below
+  ``GREEDY_BELOW`` counts as 0 (as in vLLM): dividing by it would overflow float32.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+GREEDY_BELOW = 1e-5
 NEG_INF_FLOOR = -9999.0
 """Stand-in for ``-inf`` in top-logprob lists (JSON has no infinity); vLLM does the same."""
 
@@ -82,18 +84,22 @@ def sample_next(
 ) -> SampledTokens:
     """Pick one token per row of ``logits`` (B, V) and report its log-probability."""
     logits = logits.float()
+    sampled_rows = [p.temperature >= GREEDY_BELOW for p in params]
     temperatures = torch.tensor([p.temperature for p in params], device=logits.device)
-    greedy = temperatures == 0
+    greedy = ~torch.tensor(sampled_rows, device=logits.device)
     scale = torch.where(greedy, torch.ones_like(temperatures), temperatures).unsqueeze(-1)
     log_probs = torch.log_softmax(logits / scale, dim=-1)  # (B, V)
     top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     top_p = torch.where(greedy, torch.ones_like(top_p), top_p)
-    top_k = [p.top_k if p.temperature > 0 and 0 < p.top_k < logits.shape[-1] else 0 for p in params]
+    top_k = [
+        p.top_k if sampled and 0 < p.top_k < logits.shape[-1] else 0
+        for p, sampled in zip(params, sampled_rows, strict=True)
+    ]
     if any(top_k):
         log_probs = _keep_top_k(log_probs, top_k)
     if bool((top_p < 1.0).any()):
         log_probs = nucleus_log_probs(log_probs, top_p)
-    min_p = [p.min_p if p.temperature > 0 else 0.0 for p in params]
+    min_p = [p.min_p if sampled else 0.0 for p, sampled in zip(params, sampled_rows, strict=True)]
     if any(min_p):
         floor = torch.tensor(min_p, device=logits.device).clamp(min=1e-30).log().unsqueeze(-1)
         floor = floor + log_probs.max(dim=-1, keepdim=True).values
@@ -101,8 +107,8 @@ def sample_next(
 
     chosen = torch.argmax(logits, dim=-1)  # (B,)
     probs = log_probs.exp()
-    for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
-        if row_params.temperature > 0:
+    for row, (sampled, generator) in enumerate(zip(sampled_rows, generators, strict=True)):
+        if sampled:
             draw = torch.multinomial(probs[row], 1, generator=generator)
             chosen[row] = draw[0]
     chosen_lp = log_probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)

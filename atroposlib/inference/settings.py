@@ -30,6 +30,20 @@ class InferenceSettings(BaseSettings):
     max_batch_size: int = Field(
         default=16, ge=1, le=1024, description="Most sequences decoded together in one step."
     )
+    max_request_sequences: int = Field(
+        default=4096,
+        ge=1,
+        description="Most sequences one request may ask for (prompts x n); more: HTTP 413.",
+    )
+    max_request_tokens: int = Field(
+        default=2**20,
+        ge=1,
+        description="Most new tokens one request may ask for (prompts x n x max_tokens, "
+        "max_tokens defaulting to the context left); more: HTTP 413.",
+    )
+    max_body_bytes: int = Field(
+        default=64 * 2**20, ge=1024, description="Largest request body accepted; more: HTTP 413."
+    )
     threads: int | None = Field(
         default=None,
         ge=1,
@@ -44,6 +58,11 @@ class InferenceSettings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Logging level of the server process."
+    )
+    sample_log: Path | None = Field(
+        default=None,
+        description="Test mode: append every sampled sequence (prompt ids, output ids, "
+        "logprobs) to this JSONL file, to check clients train on exactly what was sampled.",
     )
 
     @model_validator(mode="after")

@@ -1,16 +1,28 @@
 """``POST /generate``: SGLang's token-in, token-out endpoint.
 
 One prompt with ``n == 1`` answers a single object; a list of prompts or ``n > 1`` answers
-a list, prompt-major (all choices of prompt 0, then prompt 1, ...).
+a list, prompt-major (all choices of prompt 0, then prompt 1, ...). ``sampling_params.stop``
+takes strings, token ids or both.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import asyncio
+
+from fastapi import APIRouter, Request, Response
 
 from atroposlib.inference.batch import Sequence
-from atroposlib.inference.requests import bad_request, budget, prompt_batch, sequences, stop_strings
+from atroposlib.inference.engine import ModelRunner
+from atroposlib.inference.limits import check_request_size
+from atroposlib.inference.requests import (
+    bad_request,
+    budget,
+    prompt_batch,
+    sequences,
+    stop_conditions,
+)
 from atroposlib.inference.sampling import SamplingParams
+from atroposlib.inference.serving import run_job
 from atroposlib.inference.state import server_state
 from atroposlib.protocol import (
     GenerateFinishReason,
@@ -22,10 +34,10 @@ from atroposlib.protocol import (
 router = APIRouter()
 
 
-@router.post("/generate")
+@router.post("/generate", response_model=GenerateResponse | list[GenerateResponse])
 async def generate(
     body: GenerateRequest, request: Request
-) -> GenerateResponse | list[GenerateResponse]:
+) -> GenerateResponse | list[GenerateResponse] | Response:
     state = server_state(request)
     if (body.input_ids is None) == (body.text is None):
         raise bad_request("input_ids", "give exactly one of input_ids and text", 422)
@@ -36,21 +48,48 @@ async def generate(
     sp = body.sampling_params
     field = "sampling_params.max_new_tokens"
     limits = [budget(state.runner, len(ids), sp.max_new_tokens, field) for ids in prompts]
+    check_request_size(state.settings, "input_ids", limits, sp.n, field)
+    stop, stop_ids = stop_conditions(state.runner, sp.stop, sp.stop_token_ids, "sampling_params.")
     seed = sp.seed if sp.seed is not None else sp.sampling_seed
     params = SamplingParams(
         temperature=sp.temperature,
         top_p=sp.top_p,
         top_k=max(sp.top_k, 0),
         min_p=sp.min_p,
-        stop=stop_strings(sp.stop),
-        stop_token_ids=tuple(sp.stop_token_ids or ()),
+        stop=stop,
+        stop_token_ids=stop_ids,
         ignore_eos=sp.ignore_eos,
         seed=seed,
         top_logprobs=body.top_logprobs_num if body.return_logprob else 0,
     )
-    done = await state.scheduler.generate(sequences(prompts, sp.n, params, limits))
+    done = await run_job(request, state.scheduler, sequences(prompts, sp.n, params, limits))
+    if isinstance(done, Response):
+        return done
+    state.sample_log.record(done)
     answers = [_answer(seq, body.return_logprob) for seq in done]
+    if body.return_logprob and body.logprob_start_len >= 0:
+        await _add_prompt_logprobs(state.runner, answers, prompts, sp.n, body)
     return answers[0] if single and sp.n == 1 else answers
+
+
+async def _add_prompt_logprobs(
+    runner: ModelRunner,
+    answers: list[GenerateResponse],
+    prompts: list[list[int]],
+    n: int,
+    body: GenerateRequest,
+) -> None:
+    """SGLang's ``input_token_logprobs``/``input_top_logprobs`` (teacher scoring for
+    distillation), computed once per prompt from ``logprob_start_len`` on."""
+    start = body.logprob_start_len
+    for index, ids in enumerate(prompts):
+        chosen, tops = await asyncio.to_thread(runner.prompt_logprobs, ids, body.top_logprobs_num)
+        token_logprobs = [(lp, t, None) for lp, t in zip(chosen, ids, strict=True)][start:]
+        top = [None if p is None else [(lp, t, None) for lp, t in p] for p in tops][start:]
+        for answer in answers[index * n : (index + 1) * n]:
+            answer.meta_info.input_token_logprobs = token_logprobs
+            if body.top_logprobs_num:
+                answer.meta_info.input_top_logprobs = top
 
 
 def _answer(seq: Sequence, return_logprob: bool) -> GenerateResponse:

@@ -40,6 +40,9 @@ class RunLayout:
     def rollouts_file(self) -> Path:
         return self.run_dir / "rollouts.jsonl"
 
+    def eval_dir(self, label: str) -> Path:
+        return self.run_dir / f"eval_{label}"
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -81,9 +84,13 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--seed", str(settings.seed),
          "--save_dir", str(layout.checkpoints),
          "--save_interval", str(max(1, settings.steps // 4)),
+         "--keep_last_checkpoints", str(settings.keep_last_checkpoints),
+         "--keep_last_weights", str(settings.keep_last_weights),
+         "--checkpoint_optimizer_precision", settings.checkpoint_optimizer_precision,
          "--weight_sync", "disk",
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
+         "--loss.behavior_logprobs", settings.behavior_logprobs,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads)},
     )  # fmt: skip
@@ -116,6 +123,6 @@ def evaluation(layout: RunLayout, settings: LocalRunSettings, label: str) -> Com
     argv = [
         *component.argv,
         "--env.eval_size", str(settings.eval_size),
-        "--env.data_dir_to_save_evals", str(layout.run_dir / f"eval_{label}"),
+        "--env.data_dir_to_save_evals", str(layout.eval_dir(label)),
     ]  # fmt: skip
     return Component(f"eval-{label}", argv)

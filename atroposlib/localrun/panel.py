@@ -1,37 +1,71 @@
-"""The live terminal panel of a local run: step, reward, queue, tokens/s, weight version."""
+"""Progress of a local run: a live panel in a terminal, plain periodic lines anywhere else.
+
+Both show the same facts, read by ``StatusPoller`` from the broker, the inference server, the
+trainer's metrics file and a running evaluation's ``progress.json``: step, reward per env,
+loss, tokens/s, queue depth, weight version and held-out eval progress. Every row is in every
+frame; a value not known yet shows as ``-``.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 import httpx
+from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
+from atroposlib.envs.evaluation import read_progress
 from atroposlib.localrun.components import RunLayout
+
+UNKNOWN = "-"
 
 
 @dataclass
 class RunStatus:
     started_at: float = field(default_factory=time.monotonic)
+    phase: str = "starting"
     broker_step: int | None = None
     queue_groups: int | None = None
     weight_version: int | None = None
-    trainer_row: dict[str, Any] = field(default_factory=dict)
-    trainer_rows: int = 0
-    phase: str = "starting"
+    train_row: dict[str, Any] = field(default_factory=dict)
+    """The trainer's latest optimizer-step row (sync rows never replace it)."""
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Latest mean reward of each environment seen so far."""
+    eval_folder: Path | None = None
+    eval_progress: tuple[int, int] | None = None
+
+    def start_eval(self, phase: str, folder: Path) -> None:
+        self.phase, self.eval_folder, self.eval_progress = phase, folder, None
+
+    def end_eval(self, phase: str) -> None:
+        self.phase, self.eval_folder = phase, None
 
 
 class StatusPoller:
-    """Reads the broker, the inference server and the trainer's metrics file."""
+    """Reads the broker, the inference server, the trainer's metrics and eval progress.
 
-    def __init__(self, layout: RunLayout, http: httpx.Client) -> None:
+    The inference server is asked at most every ``health_interval_s``: it logs each request.
+    """
+
+    def __init__(
+        self,
+        layout: RunLayout,
+        http: httpx.Client,
+        health_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.layout = layout
         self.http = http
         self.status = RunStatus()
+        self.health_interval_s, self.clock = health_interval_s, clock
+        self._health_at = -float("inf")
         self._metrics_offset = 0
 
     def poll(self) -> RunStatus:
@@ -40,12 +74,19 @@ class StatusPoller:
         if broker:
             status.broker_step = broker.get("current_step")
             status.queue_groups = broker.get("queue_size")
-        health = self._get_json(f"{self.layout.inference_url}/health")
-        if health:
-            status.weight_version = health.get("weight_version")
+        if self.clock() - self._health_at >= self.health_interval_s:
+            self._health_at = self.clock()
+            health = self._get_json(f"{self.layout.inference_url}/health")
+            if health:
+                status.weight_version = health.get("weight_version")
         for row in self._new_metric_rows():
-            status.trainer_row = row
-            status.trainer_rows += 1
+            if "train/loss" in row:
+                status.train_row = row
+                status.rewards.update(
+                    {k.split("/")[1]: v for k, v in row.items() if k.endswith("/reward_mean")}
+                )
+        if status.eval_folder is not None:
+            status.eval_progress = read_progress(status.eval_folder) or status.eval_progress
         return status
 
     def _get_json(self, url: str) -> dict[str, Any] | None:
@@ -69,21 +110,117 @@ class StatusPoller:
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
+def _number(value: Any, spec: str) -> str:
+    return UNKNOWN if value is None else format(value, spec)
+
+
+def facts(status: RunStatus, total_steps: int) -> list[tuple[str, str]]:
+    """The rows of the panel and the fields of a plain line, in order, always all of them."""
+    row = status.train_row
+    progress = status.eval_progress
+    rewards = [(f"reward (env {env})", f"{r:.3f}") for env, r in sorted(status.rewards.items())]
+    return [
+        ("phase", status.phase),
+        ("elapsed", f"{time.monotonic() - status.started_at:,.0f} s"),
+        ("step", f"{row.get('step') or 0} / {total_steps}"),
+        *(rewards or [("reward", UNKNOWN)]),
+        ("loss", _number(row.get("train/loss"), ".4f")),
+        ("tokens/s", _number(row.get("train/tokens_per_s"), ".0f")),
+        ("queue (groups)", _number(status.queue_groups, "d")),
+        ("weights", UNKNOWN if status.weight_version is None else f"v{status.weight_version}"),
+        ("held-out eval", f"{progress[0]} / {progress[1]} answered" if progress else UNKNOWN),
+    ]
+
+
 def render(status: RunStatus, total_steps: int) -> Table:
-    row = status.trainer_row
-    rewards = {k.split("/")[1]: v for k, v in row.items() if k.endswith("/reward_mean")}
     table = Table(title="atropos-local", show_header=False, min_width=60)
     table.add_column("what", style="bold")
     table.add_column("value")
-    table.add_row("phase", status.phase)
-    table.add_row("elapsed", f"{time.monotonic() - status.started_at:,.0f} s")
-    table.add_row("trainer step", f"{row.get('step', 0)} / {total_steps}")
-    table.add_row("broker step / queued groups", f"{status.broker_step} / {status.queue_groups}")
-    for env, reward in sorted(rewards.items()):
-        table.add_row(f"reward (env {env})", f"{reward:.3f}")
-    if "train/loss" in row:
-        table.add_row("loss", f"{row['train/loss']:.4f}")
-    if "train/tokens_per_s" in row:
-        table.add_row("trainer tokens/s", f"{row['train/tokens_per_s']:.0f}")
-    table.add_row("inference weight version", str(status.weight_version))
+    for name, value in facts(status, total_steps):
+        table.add_row(name, value)
     return table
+
+
+def plain_line(status: RunStatus, total_steps: int) -> str:
+    """One log line: ``phase | elapsed 12 s | step 3 / 40 | reward 0.412 | ...``."""
+    parts = facts(status, total_steps)
+    return " | ".join([parts[0][1], *(f"{name} {value}" for name, value in parts[1:])])
+
+
+class Display(Protocol):
+    def update(self, status: RunStatus) -> None: ...
+    def __enter__(self) -> Display: ...
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class _Frame:
+    """Rendered afresh at every refresh, so the clock runs while a phase blocks."""
+
+    def __init__(self, total_steps: int) -> None:
+        self.status, self.total_steps = RunStatus(), total_steps
+
+    def __rich__(self) -> Table:
+        return render(self.status, self.total_steps)
+
+
+class LivePanel:
+    """The rich panel, redrawn in place twice a second (a terminal)."""
+
+    def __init__(self, console: Console, total_steps: int, keep: bool = True) -> None:
+        self.frame = _Frame(total_steps)
+        self.live = Live(
+            self.frame,
+            console=console,
+            refresh_per_second=2,
+            transient=not keep,
+            redirect_stdout=False,
+        )
+
+    def update(self, status: RunStatus) -> None:
+        self.frame.status = status
+        self.live.refresh()
+
+    def __enter__(self) -> LivePanel:
+        self.live.__enter__()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.live.__exit__(kind, exc, tb)
+
+
+class PlainLines:
+    """A line every ``interval_s`` and at every phase change (logs, CI, ``tee``, nohup)."""
+
+    def __init__(
+        self,
+        write: Callable[[str], None],
+        total_steps: int,
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.write, self.total_steps, self.interval_s, self.clock = (
+            write,
+            total_steps,
+            interval_s,
+            clock,
+        )
+        self._last_at = -float("inf")
+        self._last_phase: str | None = None
+
+    def update(self, status: RunStatus) -> None:
+        now = self.clock()
+        if status.phase != self._last_phase or now - self._last_at >= self.interval_s:
+            self.write(plain_line(status, self.total_steps))
+            self._last_at, self._last_phase = now, status.phase
+
+    def __enter__(self) -> PlainLines:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Nothing to tear down: every line is already written."""

@@ -4,7 +4,10 @@ Rewards per step come from the environment's rollout dump (``rollouts.jsonl``): 
 carry ``policy_version`` (the trainer step of the weights that sampled them) and their chat
 messages, so the format component is recomputed from the text and the rest of the score is
 correctness. The held-out comparison joins the greedy ``samples.jsonl`` written by
-``env.py evaluate`` before and after training, problem by problem.
+``env.py evaluate`` before and after training, problem by problem, graded strict (the
+``<answer>`` format and right), lenient (right at all) and for format; it carries the
+environment's start-up disjointness check and a second, independent one against the prompts
+actually trained on (``rollouts.jsonl``).
 """
 
 from __future__ import annotations
@@ -29,14 +32,26 @@ class StepRewards:
 
 
 @dataclass(frozen=True)
-class EvalComparison:
-    problems: int
-    accuracy_before: float
-    accuracy_after: float
-    format_before: float
-    format_after: float
+class Accuracy:
+    before: float
+    after: float
     right_to_wrong: int
     wrong_to_right: int
+
+
+@dataclass(frozen=True)
+class EvalComparison:
+    problems: int
+    """Distinct problems answered both before and after."""
+    strict: Accuracy
+    lenient: Accuracy
+    format_before: float
+    format_after: float
+    overlap_with_training_pool: int | None
+    """Held-out problems in the env's training pool (its start-up check; None: not reported)."""
+    training_pool_problems: int | None
+    overlap_with_trained_prompts: int
+    """Held-out questions found among the prompts of ``rollouts.jsonl``."""
 
 
 def rewards_by_step(rollouts: Path, format_weight: float) -> list[StepRewards]:
@@ -65,28 +80,92 @@ def rewards_by_step(rollouts: Path, format_weight: float) -> list[StepRewards]:
     return rows
 
 
-def compare_evals(before: Path, after: Path) -> EvalComparison | None:
-    """Greedy accuracy and format compliance before/after, with flips, on the same problems."""
+def compare_evals(before: Path, after: Path, rollouts: Path | None = None) -> EvalComparison | None:
+    """Strict/lenient accuracy and format before/after, with flips, on the same problems."""
     first, second = _load_samples(before), _load_samples(after)
     common = sorted(set(first) & set(second))
     if not common:
         return None
-
-    def right(sample: dict[str, Any]) -> bool:
-        return float(sample.get("score", 0.0)) >= 1.0
-
-    def formatted(sample: dict[str, Any]) -> float:
-        return 1.0 if answer_tag_format_reward([str(sample.get("response", ""))])[0] > 0 else 0.0
-
+    check = _env_metrics(before)
+    pool_overlap = check.get("eval/overlap_with_training_pool")
+    pool_size = check.get("eval/training_pool_problems")
+    questions = {str(first[k].get("question", "")) for k in common}
     return EvalComparison(
         problems=len(common),
-        accuracy_before=_mean([float(right(first[k])) for k in common]),
-        accuracy_after=_mean([float(right(second[k])) for k in common]),
-        format_before=_mean([formatted(first[k]) for k in common]),
-        format_after=_mean([formatted(second[k]) for k in common]),
-        right_to_wrong=sum(right(first[k]) and not right(second[k]) for k in common),
-        wrong_to_right=sum(not right(first[k]) and right(second[k]) for k in common),
+        strict=_accuracy([(_graded(first[k], "strict"), _graded(second[k], "strict"))
+                          for k in common]),
+        lenient=_accuracy([(_graded(first[k], "lenient"), _graded(second[k], "lenient"))
+                           for k in common]),
+        format_before=_mean([float(_graded(first[k], "formatted")) for k in common]),
+        format_after=_mean([float(_graded(second[k], "formatted")) for k in common]),
+        overlap_with_training_pool=None if pool_overlap is None else int(pool_overlap),
+        training_pool_problems=None if pool_size is None else int(pool_size),
+        overlap_with_trained_prompts=len(trained_questions(rollouts, questions)) if rollouts else 0,
+    )  # fmt: skip
+
+
+def trained_questions(rollouts: Path, questions: set[str]) -> set[str]:
+    """The ``questions`` that some group in ``rollouts`` was prompted with.
+
+    A question counts when a trained user message is that question, or starts with it and goes
+    on after whitespace (an appended instruction).
+    """
+    if not rollouts.exists():
+        return set()
+    prompts: set[str] = set()
+    with rollouts.open() as handle:
+        for line in handle:
+            chats = json.loads(line).get("messages") or [[]]
+            prompts.update(str(m.get("content") or "") for m in chats[0] if m.get("role") == "user")
+    return {
+        question
+        for question in questions
+        for prompt in prompts
+        if prompt == question or (prompt.startswith(question) and prompt[len(question)].isspace())
+    }
+
+
+def disk_usage(folder: Path) -> int:
+    """Bytes on disk under ``folder``, as ``du`` counts them (a hard-linked file once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for path in [folder, *folder.rglob("*")]:
+        try:
+            stat = path.lstat()
+        except FileNotFoundError:
+            continue
+        if (stat.st_dev, stat.st_ino) not in seen:
+            seen.add((stat.st_dev, stat.st_ino))
+            total += stat.st_blocks * 512
+    return total
+
+
+def _graded(sample: dict[str, Any], grade: str) -> bool:
+    """A sample's ``strict``/``lenient``/``formatted`` grade; envs that write only ``score``
+    count a score of 1 as right under both, and the format is read from the response."""
+    if grade in sample:
+        return bool(sample[grade])
+    if grade == "formatted":
+        return answer_tag_format_reward([str(sample.get("response", ""))])[0] > 0
+    return float(sample.get("score", 0.0)) >= 1.0
+
+
+def _accuracy(pairs: list[tuple[bool, bool]]) -> Accuracy:
+    return Accuracy(
+        before=_mean([float(a) for a, _ in pairs]),
+        after=_mean([float(b) for _, b in pairs]),
+        right_to_wrong=sum(a and not b for a, b in pairs),
+        wrong_to_right=sum(b and not a for a, b in pairs),
     )
+
+
+def _env_metrics(folder: Path) -> dict[str, float]:
+    """The metrics the environment wrote next to its samples (``metrics.json``)."""
+    try:
+        results = json.loads((folder / "metrics.json").read_text())["results"]["all"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return results if isinstance(results, dict) else {}
 
 
 def first_last_gain(rows: list[StepRewards], window: int = 5) -> tuple[float, float] | None:
@@ -127,20 +206,70 @@ def plot_rewards(rows: list[StepRewards], path: Path) -> None:
     plt.close(figure)
 
 
+GRADING = (
+    "greedy replies; strict: the reply is exactly <answer>...</answer> (after an optional "
+    "<think> block) and its content is right; lenient: the <answer> content, or without a "
+    "non-empty tag the reply's last number, is right; format: the strict shape, right or not"
+)
+
+
 def write_summary(
     path: Path, rows: list[StepRewards], comparison: EvalComparison | None, **extra: Any
 ) -> dict[str, Any]:
     gain = first_last_gain(rows)
+    held_out = {**asdict(comparison), "grading": GRADING} if comparison else None
     summary: dict[str, Any] = {
         **extra,
         "steps_with_rollouts": len(rows),
         "reward_first5": gain[0] if gain else None,
         "reward_last5": gain[1] if gain else None,
         "rewards_by_step": [asdict(r) for r in rows],
-        "held_out_eval": asdict(comparison) if comparison else None,
+        "held_out_eval": held_out,
     }
     path.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def headline(summary: dict[str, Any]) -> list[str]:
+    """The summary as a few lines for people: held-out before -> after, reward, disk, time."""
+    lines = []
+    held_out = summary.get("held_out_eval")
+    if held_out:
+        pool = held_out["training_pool_problems"]
+        overlap = held_out["overlap_with_training_pool"]
+        checked = (
+            "not checked by the env"
+            if overlap is None
+            else f"{overlap} in the training pool of {pool:,}"
+        )
+        lines.append(
+            f"held-out: {held_out['problems']} distinct problems ({checked}; "
+            f"{held_out['overlap_with_trained_prompts']} among the trained prompts)"
+        )
+        for name, label in (("strict", "strict (format + right)"), ("lenient", "lenient")):
+            grade = held_out[name]
+            lines.append(
+                f"  {label:<24} {_percent(grade['before'])} -> {_percent(grade['after'])}"
+                f"   right->wrong {grade['right_to_wrong']}, wrong->right {grade['wrong_to_right']}"
+            )
+        lines.append(
+            f"  {'format compliance':<24} {_percent(held_out['format_before'])} -> "
+            f"{_percent(held_out['format_after'])}"
+        )
+    if summary.get("reward_first5") is not None:
+        lines.append(
+            f"sampled training reward: first-5 steps {summary['reward_first5']:.3f} -> "
+            f"last-5 {summary['reward_last5']:.3f} (not evidence of learning: see held-out)"
+        )
+    lines.append(
+        f"wall time {summary.get('wall_s', 0) / 60:.1f} min, "
+        f"disk {summary.get('disk_bytes', 0) / 1e9:.2f} GB"
+    )
+    return lines
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:5.1f} %"
 
 
 def _load_samples(folder: Path) -> dict[str, dict[str, Any]]:
@@ -151,7 +280,10 @@ def _load_samples(folder: Path) -> dict[str, dict[str, Any]]:
     with path.open() as handle:
         for line in handle:
             sample = json.loads(line)
-            samples[f"{sample.get('task', '')}\x00{sample.get('question', '')}"] = sample
+            key = (
+                sample.get("problem") or f"{sample.get('task', '')}\x00{sample.get('question', '')}"
+            )
+            samples[str(key)] = sample
     return samples
 
 

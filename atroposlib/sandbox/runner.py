@@ -1,4 +1,11 @@
-"""Runs untrusted Python in a separate, limited process and reports how it ended."""
+"""Runs untrusted Python under the sandbox's supervisor and turns its report into results.
+
+The supervisor (``_supervisor.py``, a separate trusted process) confines the program, enforces
+the limits and, in test-case mode, judges the tests itself; this module only starts it, hands it
+the program, the tests and the limits through memory files, and reads the report from a pipe no
+sandboxed process holds. A failure of the sandbox itself (cannot start, killed by the host, disk
+full) raises :class:`~atroposlib.errors.SandboxError`: it is never the program's score.
+"""
 
 from __future__ import annotations
 
@@ -11,99 +18,81 @@ import secrets
 import selectors
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-
-import psutil
+from typing import Any
 
 from atroposlib.errors import SandboxError
 from atroposlib.sandbox.models import Isolation, SandboxLimits, SandboxResult, SandboxStatus
+from atroposlib.sandbox.seccomp import compiled_filter
 
 logger = logging.getLogger(__name__)
-
 _SUPERVISOR = Path(__file__).with_name("_supervisor.py")
-_UNSHARE = ("--user", "--map-root-user", "--net", "--pid", "--mount", "--fork", "--kill-child")
-_EXIT_STATUS = {
-    0: SandboxStatus.OK,
-    1: SandboxStatus.RUNTIME_ERROR,
-    2: SandboxStatus.SYNTAX_ERROR,
-    3: SandboxStatus.MEMORY,
-    64 + signal.SIGXCPU: SandboxStatus.TIMEOUT,
-    64 + signal.SIGKILL: SandboxStatus.TIMEOUT,
-}
-_EXIT_SETUP_FAILED = 70
+_HOST_IDS = (2_000_000_000, 2**24)  # base, count: unprivileged uids no account on a host owns
+_GRACE_SECONDS = 10.0
+_NAMESPACE_WORKDIR = "/tmp/atropos-sandbox"
+# no user site, no site (its .pth files cost ~15 ms), not the cwd on sys.path; the environment
+# is ours (not -E), so PYTHONHASHSEED applies
+PYTHON_FLAGS = ("-s", "-S", "-P")
 
 
 def run_python(
     code: str,
     *,
     limits: SandboxLimits | None = None,
-    tests: list[str] | None = None,
+    tests: Sequence[str] | None = None,
     stdin: str = "",
     isolation: Isolation | None = None,
+    test_setup: str = "",
+    solution_names: Sequence[str] = (),
+    hash_seed: int | None = None,
 ) -> SandboxResult:
-    """Run ``code`` as a program in the sandbox; with ``tests``, run each after it (pass rate).
+    """Run ``code`` as a program in the sandbox; with ``tests``, judge each after it.
 
-    Each test is a snippet (usually ``assert ...``) run in the program's namespace with its own
-    time limit; ``SandboxResult.tests_passed`` holds one outcome per test.
+    Each test (``assert f(2) == 4``, or HumanEval's ``check(candidate)``) runs in the trusted
+    supervisor, not next to the program: names it reads from the program (functions, values)
+    are called there as remote functions that return only plain data. ``test_setup`` is trusted
+    code run before the tests in the supervisor (a benchmark's imports and helpers);
+    ``solution_names`` are taken from the program even when ``test_setup`` defines them (the
+    function under test). ``hash_seed`` fixes ``PYTHONHASHSEED`` (default: random).
     """
     limits = limits or SandboxLimits()
-    isolation = isolation or detect_isolation()
-    root = Path(tempfile.mkdtemp(prefix="atropos-sandbox-"))
-    try:
-        return _run(code, tests or [], stdin, limits, isolation, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    if tests:
+        tests_spec = {"tests": list(tests), "setup": test_setup,
+                      "solution_names": list(solution_names)}  # fmt: skip
+        report = _supervise(code, "tests", [stdin], limits, isolation, hash_seed, tests_spec)
+    else:
+        report = _supervise(code, "program", [stdin], limits, isolation, hash_seed, None)
+    return report[0]
 
 
-async def arun_python(
+def run_io(
     code: str,
+    inputs: Sequence[str],
     *,
     limits: SandboxLimits | None = None,
-    tests: list[str] | None = None,
-    stdin: str = "",
     isolation: Isolation | None = None,
-) -> SandboxResult:
+    hash_seed: int | None = None,
+) -> list[SandboxResult]:
+    """Run ``code`` once per input (a fresh sandboxed process each); one result per input.
+    The expected outputs stay with the caller, who compares them with ``stdout``."""
+    limits = limits or SandboxLimits()
+    return _supervise(code, "program", list(inputs), limits, isolation, hash_seed, None)
+
+
+async def arun_python(code: str, **kwargs: Any) -> SandboxResult:
     """:func:`run_python` in a worker thread, for environments' async hooks."""
-    return await asyncio.to_thread(
-        run_python, code, limits=limits, tests=tests, stdin=stdin, isolation=isolation
-    )
+    return await asyncio.to_thread(run_python, code, **kwargs)
 
 
-@functools.cache
-def detect_isolation() -> Isolation:
-    """Namespaces when ``unshare`` can create them here (checked once), else the audit hook.
-
-    ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) skips the check.
-    """
-    forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
-    if forced:
-        try:
-            return Isolation(forced)
-        except ValueError:
-            choices = ", ".join(mode.value for mode in Isolation)
-            raise SandboxError(
-                f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
-            ) from None
-    reason = "unshare is not installed"
-    if shutil.which("unshare") is not None:
-        try:
-            probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
-            if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
-                return Isolation.NAMESPACES
-            reason = probe.stderr_tail.strip() or probe.status.value
-        except SandboxError as error:
-            reason = str(error)
-    logger.warning(
-        "code sandbox falls back to an audit hook (%s): no network isolation for native code "
-        "and only the host's file permissions protect files%s",
-        reason,
-        " (running as root: files are NOT protected)" if os.geteuid() == 0 else "",
-    )
-    return Isolation.AUDIT_HOOK
+async def arun_io(code: str, inputs: Sequence[str], **kwargs: Any) -> list[SandboxResult]:
+    """:func:`run_io` in a worker thread."""
+    return await asyncio.to_thread(run_io, code, inputs, **kwargs)
 
 
 def hidden_directories() -> list[str]:
@@ -114,137 +103,180 @@ def hidden_directories() -> list[str]:
     return sorted({str(path) for path in candidates if path.is_dir()})
 
 
-def _run(
-    code: str,
-    tests: list[str],
-    stdin: str,
-    limits: SandboxLimits,
-    isolation: Isolation,
-    root: Path,
-) -> SandboxResult:
-    workdir = root / "work"
-    workdir.mkdir()
-    (root / "stdin").write_text(stdin, encoding="utf-8")
-    nonce = secrets.token_hex(16)
-    report_read, report_write = os.pipe() if tests else (-1, -1)
-    spec = {
-        "code": code,
-        "tests": tests,
-        "workdir": str(workdir),
-        "limits": limits.model_dump(),
-        "test_seconds": limits.test_seconds,
-        "namespaces": isolation is Isolation.NAMESPACES,
-        "hidden": hidden_directories(),
-        "nonce": nonce,
-        "report_fd": report_write if tests else None,
-    }
-    (root / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    command = [sys.executable, "-I", str(_SUPERVISOR), str(root / "spec.json")]
-    if isolation is Isolation.NAMESPACES:
-        command = ["unshare", *_UNSHARE, *command]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir),
-           "TMPDIR": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}  # fmt: skip
-    started = time.monotonic()
-    with open(root / "stdin", "rb") as stdin_file:
-        process = subprocess.Popen(
-            command, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=workdir, env=env, start_new_session=True,
-            pass_fds=(report_write,) if tests else (),
-        )  # fmt: skip
-    if tests:
-        os.close(report_write)
+@functools.cache
+def detect_isolation() -> Isolation:
+    """Namespaces when this host lets the sandbox create them (checked once), else the weak
+    audit-hook fallback. ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) forces one.
+    """
+    forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
+    if forced:
+        try:
+            return Isolation(forced)
+        except ValueError:
+            choices = ", ".join(mode.value for mode in Isolation)
+            raise SandboxError(
+                f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
+            ) from None
     try:
-        stdout, stderr, report, killed_for = _collect(process, limits, report_read, started)
+        probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
+        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
+            return Isolation.NAMESPACES
+        reason = probe.stderr_tail.strip() or probe.status.value
+    except SandboxError as error:
+        reason = str(error)
+    logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
+                   "fallback (atropos-sandbox-check tells more)", reason[-300:])  # fmt: skip
+    return Isolation.AUDIT_HOOK
+
+
+def sandbox_host_id(isolation: Isolation) -> int | None:
+    """The host uid a run's processes get: a fresh unprivileged one when running as root,
+    else None (the caller's own uid, the only one an unprivileged user can map). Without
+    namespaces that uid must reach the Python installation through the host's permissions."""
+    if os.geteuid() != 0:
+        return None
+    if isolation is Isolation.AUDIT_HOOK and not _installation_reachable():
+        return None
+    base, count = _HOST_IDS
+    return base + secrets.randbelow(count)
+
+
+@functools.cache
+def _installation_reachable() -> bool:
+    for start in {sys.base_prefix, sys.prefix, *_site_packages()}:
+        path = Path(start).resolve()
+        if any(not part.stat().st_mode & 0o001 for part in (path, *path.parents)):
+            return False
+    return True
+
+
+def _supervise(
+    code: str,
+    mode: str,
+    stdins: list[str],
+    limits: SandboxLimits,
+    isolation: Isolation | None,
+    hash_seed: int | None,
+    tests: dict[str, Any] | None,
+) -> list[SandboxResult]:
+    isolation = isolation or detect_isolation()
+    spaced = isolation is Isolation.NAMESPACES
+    root: Path | None = None
+    try:
+        host_id = sandbox_host_id(isolation)
+        if spaced:  # the work folder is a tmpfs that exists only inside the namespace
+            workdir = _NAMESPACE_WORKDIR
+        else:
+            root = Path(tempfile.mkdtemp(prefix="atropos-sandbox-"))
+            workdir = str(root / "work")
+            os.mkdir(workdir)
+            if host_id is not None:
+                os.chown(workdir, host_id, host_id)
+                root.chmod(0o711)
+        spec = {"code": code, "mode": mode, "stdins": stdins, "limits": limits.model_dump(),
+                "workdir": workdir, "namespaces": spaced, "host_id": host_id,
+                "hidden": hidden_directories(), "seccomp": compiled_filter().hex(),
+                "site_packages": _site_packages()}  # fmt: skip
+        budget = len(stdins) * (limits.wall_seconds + 1) + _GRACE_SECONDS
+        report = _start_and_read(spec, tests, workdir, hash_seed, budget)
+    except OSError as error:
+        raise SandboxError(f"the sandbox could not run: {error}") from error
     finally:
-        _kill_group(process)
-        if tests:
-            os.close(report_read)
-        if isolation is Isolation.AUDIT_HOOK:
-            _kill_strays(str(root))
-    duration = time.monotonic() - started
-    exit_code = process.returncode if killed_for is None else None
-    if exit_code == _EXIT_SETUP_FAILED:
-        raise SandboxError(f"the sandbox could not start: {stderr.decode(errors='replace')}")
-    status = killed_for or _EXIT_STATUS.get(exit_code or 0, SandboxStatus.RUNTIME_ERROR)
-    return SandboxResult(
-        status=status,
-        stdout=stdout[: limits.output_bytes].decode("utf-8", errors="replace"),
-        stderr_tail=stderr[-limits.stderr_tail_bytes :].decode("utf-8", errors="replace"),
-        duration_s=round(duration, 4),
-        exit_code=exit_code,
-        isolation=isolation,
-        tests_passed=_read_report(report, nonce, len(tests)) if tests else None,
-    )
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+    return _results(report, limits, isolation, len(stdins), len(tests["tests"]) if tests else 0)
 
 
-def _collect(
-    process: subprocess.Popen[bytes], limits: SandboxLimits, report_fd: int, started: float
-) -> tuple[bytes, bytes, bytes, SandboxStatus | None]:
-    """Read stdout, stderr and the test report until exit, a limit, or the wall deadline."""
-    assert process.stdout is not None and process.stderr is not None
-    buffers: dict[int, bytearray] = {}
-    caps = {
-        process.stdout.fileno(): limits.output_bytes,
-        process.stderr.fileno(): max(limits.output_bytes, limits.stderr_tail_bytes) * 16,
-    }
+@functools.cache
+def _site_packages() -> list[str]:
+    """Where the program finds installed packages (the supervisor starts without ``site``)."""
+    return [path for path in site.getsitepackages() if os.path.isdir(path)]
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)  # close-on-exec; pass_fds hands it to the supervisor only
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _start_and_read(
+    spec: dict[str, Any], tests: dict[str, Any] | None, workdir: str, hash_seed: int | None,
+    budget: float,
+) -> dict[str, Any]:  # fmt: skip
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
+           "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+           "PYTHONHASHSEED": "random" if hash_seed is None else str(hash_seed)}  # fmt: skip
+    spec_fd = _memfd("spec", json.dumps(spec).encode())
+    tests_fd = _memfd("tests", json.dumps(tests or {}).encode())
+    report_r, report_w = os.pipe()
+    fds = (spec_fd, tests_fd, report_w)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, *PYTHON_FLAGS, str(_SUPERVISOR), *map(str, fds)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        report, stderr = _read_report(process, report_r, time.monotonic() + budget)
+    finally:
+        os.close(report_r)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    if process.returncode != 0 or not report:
+        why = f"exit status {process.returncode}" if report else "no report"
+        raise SandboxError(f"the sandbox supervisor failed ({why}): {stderr[-2000:]}")
+    data: dict[str, Any] = json.loads(report)
+    if "setup_failed" in data:
+        raise SandboxError(f"the sandbox could not start: {data['setup_failed']}")
+    return data
+
+
+def _read_report(
+    process: subprocess.Popen[bytes], report_fd: int, deadline: float
+) -> tuple[bytes, str]:
+    assert process.stderr is not None
+    stderr_fd = process.stderr.fileno()
+    buffers = {report_fd: bytearray(), stderr_fd: bytearray()}
     with selectors.DefaultSelector() as selector:
-        for fd in (process.stdout.fileno(), process.stderr.fileno(), report_fd):
-            if fd >= 0:
-                selector.register(fd, selectors.EVENT_READ)
-                buffers[fd] = bytearray()
-        killed_for: SandboxStatus | None = None
+        for fd in buffers:
+            selector.register(fd, selectors.EVENT_READ)
         while selector.get_map():
-            remaining = started + limits.wall_seconds - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
-                killed_for = SandboxStatus.TIMEOUT
-                break
+                os.killpg(process.pid, signal.SIGKILL)
+                raise SandboxError("the sandbox supervisor did not report in time (host overload?)")
             for key, _ in selector.select(timeout=remaining):
                 chunk = os.read(key.fd, 65536)
-                if not chunk:
+                if chunk:
+                    buffers[key.fd] += chunk
+                else:
                     selector.unregister(key.fd)
-                    continue
-                buffers[key.fd] += chunk
-                if len(buffers[key.fd]) > caps.get(key.fd, 1 << 20):
-                    killed_for = SandboxStatus.OUTPUT_LIMIT
-            if killed_for is not None:
-                break
-    if killed_for is None:
-        try:
-            process.wait(timeout=max(0.1, started + limits.wall_seconds - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            killed_for = SandboxStatus.TIMEOUT
-    out, err = buffers[process.stdout.fileno()], buffers[process.stderr.fileno()]
-    return bytes(out), bytes(err), bytes(buffers.get(report_fd, b"")), killed_for
+    process.stderr.close()
+    process.wait()  # its stderr closed: it has exited
+    stderr = buffers[stderr_fd].decode(errors="replace")
+    return bytes(buffers[report_fd]), stderr
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            logger.debug("sandbox process group %d already gone", process.pid)
-    process.wait()
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
-
-
-def _kill_strays(marker: str) -> None:
-    """Audit-hook mode has no PID namespace: kill processes that still carry the spec path."""
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(marker in part for part in proc.info["cmdline"] or ()):
-            try:
-                proc.kill()
-            except psutil.Error as error:
-                logger.debug("could not kill stray sandbox process %d: %s", proc.pid, error)
-
-
-def _read_report(report: bytes, nonce: str, count: int) -> list[bool]:
-    try:
-        data = json.loads(report)
-    except ValueError:
-        return [False] * count
-    passed = data.get("passed") if isinstance(data, dict) else None
-    if data.get("nonce") != nonce or not isinstance(passed, list) or len(passed) != count:
-        return [False] * count
-    return [outcome is True for outcome in passed]
+def _results(
+    report: dict[str, Any], limits: SandboxLimits, isolation: Isolation, count: int, tests: int
+) -> list[SandboxResult]:
+    if "syntax_error" in report:
+        tail = str(report["syntax_error"])[-limits.stderr_tail_bytes :]
+        syntax = SandboxResult(status=SandboxStatus.SYNTAX_ERROR, stdout="", stderr_tail=tail,
+                               duration_s=0.0, exit_code=None, isolation=isolation,
+                               tests_passed=[False] * tests if tests else None)  # fmt: skip
+        return [syntax] * count
+    passed = report.get("tests_passed")
+    return [
+        SandboxResult(**run, isolation=isolation, tests_passed=passed) for run in report["runs"]
+    ]

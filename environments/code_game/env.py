@@ -3,8 +3,10 @@
 Zero-sum on programs that run and print: the writer scores ``1 - 2p`` where ``p`` is the share
 of the ``predictor_samples`` guesses that were right (+1 none right, -1 all right); each guess
 scores +1 when right and -1 when wrong (the mirror). A program that fails to run or prints
-nothing scores -1 for the writer and is not shown to the predictor. Sequences carry
-``overrides[i]["role"]`` (``writer`` / ``predictor``) for role-conditioned baselines.
+nothing scores -1 for the writer and is not shown to the predictor; so does a program whose output
+changes between runs (each runs ``determinism_runs`` times, with different hash seeds), so
+only deterministic programs can win. Sequences carry ``overrides[i]["role"]`` (``writer`` /
+``predictor``) and writers ``overrides[i]["sandbox_status"]`` for role-conditioned baselines.
 """
 
 import asyncio
@@ -12,13 +14,16 @@ import random
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.answers import extract_answer_tag
-from atroposlib.envs.reward_fns.code_rewards import extract_python_code
+from atroposlib.envs.reward_fns.code_rewards import extract_python_code, outputs_match
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.sandbox import SandboxLimits, arun_python
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.group import ScoredData
+from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_python
+from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 THEMES = ["string slicing", "integer division", "list comprehensions", "dictionaries",
           "recursion", "sorting with keys", "sets", "bit operations", "while loops"]  # fmt: skip
@@ -41,21 +46,38 @@ class CodeGameConfig(BaseEnvConfig):
     )
     max_completion_tokens: int = Field(default=384, ge=1, description="Tokens per reply.")
     seed: int = Field(default=0, description="Seed of the theme order.")
+    determinism_runs: int = Field(
+        default=2,
+        ge=2,
+        description="Runs of each program (different hash seeds); outputs "
+        "that differ make it unplayable (-1 for the writer).",
+    )
 
 
-def same_output(guess: str | None, output: str) -> bool:
-    """Outputs match line by line, ignoring trailing whitespace.
+same_output = outputs_match  # a guess is right when it matches the output line by line
 
-    >>> same_output("[1, 2]  ", "[1, 2]\\n"), same_output("[1,2]", "[1, 2]\\n")
-    (True, False)
-    >>> same_output(None, "")
-    False
+
+def playable(runs: list[SandboxResult]) -> tuple[str, str]:
+    """(status, output) of a program run several times: ``ok`` when every run ended OK with the
+    same non-empty output, ``nondeterministic`` when the outputs differ, else the failure.
+
+    >>> from atroposlib.sandbox import Isolation, SandboxStatus
+    >>> def ran(out):
+    ...     return SandboxResult(status=SandboxStatus.OK, stdout=out, stderr_tail="",
+    ...                          duration_s=0.1, exit_code=0, isolation=Isolation.NAMESPACES)
+    >>> playable([ran("7\\n"), ran("7\\n")]), playable([ran("{'a', 'b'}"), ran("{'b', 'a'}")])
+    (('ok', '7\\n'), ('nondeterministic', ''))
+    >>> playable([ran(""), ran("")])
+    ('silent', '')
     """
-    if guess is None:
-        return False
-    return [line.rstrip() for line in guess.strip().splitlines()] == [
-        line.rstrip() for line in output.strip().splitlines()
-    ]
+    failed = next((run for run in runs if not run.ok), None)
+    if failed is not None:
+        return failed.status.value, ""
+    outputs = {run.stdout for run in runs}
+    if len(outputs) > 1:
+        return "nondeterministic", ""
+    output = outputs.pop()
+    return ("ok", output) if output.strip() else ("silent", "")
 
 
 class CodeGameEnv(BaseEnv):
@@ -71,49 +93,57 @@ class CodeGameEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
+        check_env_sandbox(self, self.config.sandbox)
         self.rng = random.Random(self.config.seed)
 
     async def get_next_item(self) -> Item:
         return {"theme": self.rng.choice(THEMES)}
 
-    async def ask(self, content: str, n: int) -> tuple[list[dict], list[str]]:
-        chat = [{"role": "user", "content": content}]
-        completion = await self.server.chat_completion(
-            messages=chat, n=n, max_tokens=self.config.max_completion_tokens
-        )
-        return chat, [choice.message.content or "" for choice in completion.choices]
+    async def ask(self, sampler: TokenSampler, content: str, n: int) -> list[Trajectory]:
+        return await sampler.sample(sampler.start([{"role": "user", "content": content}]), n=n)
 
-    async def predict(self, code: str, output: str) -> tuple[ScoredDataGroup, float]:
+    async def run_repeatedly(self, code: str) -> list[SandboxResult]:
+        """The program's runs, each with its own hash seed (set iteration order, ``hash()``);
+        start times, memory addresses and random seeds differ by themselves."""
+        return await asyncio.gather(*(
+            arun_python(code, limits=self.config.sandbox, hash_seed=seed)
+            for seed in range(1, self.config.determinism_runs + 1)
+        ))  # fmt: skip
+
+    async def predict(self, code: str, output: str) -> tuple[ScoredData, float]:
         """The predictor's group for one program and the share of right guesses."""
-        k = self.config.predictor_samples
-        chat, guesses = await self.ask(PREDICTOR_PROMPT.format(code=code), k)
-        right = [same_output(extract_answer_tag(guess), output) for guess in guesses]
-        chats = [[*chat, {"role": "assistant", "content": g}] for g in guesses]
-        group = chat_group(
-            self.tokenizer, chats, [1.0 if r else -1.0 for r in right],
+        k, sampler = self.config.predictor_samples, self.token_sampler()
+        guesses = await self.ask(sampler, PREDICTOR_PROMPT.format(code=code), k)
+        right = [same_output(extract_answer_tag(guess.reply), output) for guess in guesses]
+        group = sampler.group(
+            guesses, [1.0 if r else -1.0 for r in right],
             overrides=[{"role": "predictor"}] * k, group_overrides={"group_size": k},
         )  # fmt: skip
         return group, sum(right) / k
 
-    async def collect_trajectories(self, item: Item) -> tuple[list[ScoredDataGroup], list[Item]]:
-        chat, programs = await self.ask(
-            WRITER_PROMPT.format(theme=item["theme"]), self.config.group_size
+    async def collect_trajectories(self, item: Item) -> tuple[list[ScoredData], list[Item]]:
+        sampler = self.token_sampler()
+        programs = await self.ask(
+            sampler, WRITER_PROMPT.format(theme=item["theme"]), self.config.group_size
         )
-        codes = [extract_python_code(program) for program in programs]
-        runs = await asyncio.gather(*(arun_python(c, limits=self.config.sandbox) for c in codes))
-        playable = [i for i, run in enumerate(runs) if run.ok and run.stdout.strip()]
-        predictions = await asyncio.gather(
-            *(self.predict(codes[i], runs[i].stdout) for i in playable)
-        )
+        codes = [extract_python_code(program.reply) for program in programs]
+        runs = await gather_runs(self, (self.run_repeatedly(code) for code in codes))
+        outcomes = [playable(program_runs) for program_runs in runs]
+        ready = [i for i, (status, _) in enumerate(outcomes) if status == "ok"]
+        predictions = await asyncio.gather(*(self.predict(codes[i], outcomes[i][1]) for i in ready))
         writer_scores = [-1.0] * len(programs)
-        for index, (_, share_right) in zip(playable, predictions, strict=True):
+        for index, (_, share_right) in zip(ready, predictions, strict=True):
             writer_scores[index] = 1.0 - 2.0 * share_right
-        writer = chat_group(
-            self.tokenizer, [[*chat, {"role": "assistant", "content": p}] for p in programs],
-            writer_scores, overrides=[{"role": "writer"}] * len(programs),
+        writer = sampler.group(
+            programs, writer_scores, overrides=[{"role": "writer"}] * len(programs),
+            extra=[{"sandbox_status": status} for status, _ in outcomes],
         )  # fmt: skip
         return [writer, *(group for group, _ in predictions)], []
 

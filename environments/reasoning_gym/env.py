@@ -3,27 +3,43 @@
 Fully offline. Replies answer inside ``<answer>…</answer>``; the score is the task's own
 ``score_answer`` plus ``format_weight`` for a well-formed reply. Difficulty settings go to each
 task's generator through ``task_configs`` (e.g. ``{"basic_arithmetic": {"max_digits": 2}}``).
+A ``held_out_fraction`` of each task's problem space (split by a hash of the problem) is never
+drawn for training; ``evaluate`` scores ``eval_size`` distinct problems from it, graded
+strict, lenient and for format (atroposlib.envs.heldout, atroposlib.envs.reward_fns.graded).
 Run: ``python environments/reasoning_gym/env.py process --config <folder>/config.yaml``
 """
 
-import asyncio
 import difflib
+import logging
 import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import reasoning_gym
 from pydantic import Field, field_validator
 from reasoning_gym.factory import DATASETS
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.evaluation import gather_with_progress
+from atroposlib.envs.heldout import (
+    HeldOutSplit,
+    canonical_problem,
+    check_disjoint,
+    held_out_problems,
+    training_problems,
+)
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final_number
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.reward_fns.graded import grade_answer
+from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 SYSTEM_PROMPT = "Reply with the final answer inside <answer></answer>."
+
+logger = logging.getLogger(__name__)
 
 
 class ReasoningGymConfig(BaseEnvConfig):
@@ -35,8 +51,24 @@ class ReasoningGymConfig(BaseEnvConfig):
         description="Per-task generator settings (difficulty), passed to create_dataset.",
     )
     dataset_size: int = Field(default=10_000, ge=1, description="Training entries per task.")
-    eval_size: int = Field(default=50, ge=1, description="Evaluation entries per task.")
+    eval_size: int = Field(
+        default=50, ge=1, description="Distinct held-out problems evaluated per task."
+    )
+    held_out_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="Share of each task's problems kept for evaluation only, chosen by a hash "
+        "of the problem, so training never draws them (0: none held out; evaluation then "
+        "refuses to start if it meets a training problem).",
+    )
     seed: int = Field(default=0, description="Seed of the training data; eval uses seed + 1.")
+    system_prompt: str = Field(
+        default=SYSTEM_PROMPT, description="System message of every prompt ('' for none)."
+    )
+    instruction: str = Field(
+        default="", description="Text appended to each question in the user message."
+    )
     format_weight: float = Field(default=0.2, ge=0, description="Added for a well-formed reply.")
     max_completion_tokens: int = Field(default=256, ge=1, description="Tokens per answer.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
@@ -64,8 +96,8 @@ class ReasoningGymConfig(BaseEnvConfig):
 def grade(reply: str, entry: dict, dataset: Any, lenient: bool = False) -> float:
     """The task's own score of the ``<answer>`` content (or, if lenient, the final number)."""
     answer = extract_answer_tag(reply)
-    if answer is None and lenient:
-        answer = extract_final_number(reply)
+    if not answer and lenient:  # no tag, or an empty one: the final number
+        answer = extract_final_number(reply) or answer
     return float(dataset.score_answer(answer, entry)) if answer is not None else 0.0
 
 
@@ -90,7 +122,11 @@ class ReasoningGymEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=50,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     def make_datasets(self, size: int, seed: int) -> dict[str, Any]:
         configs = self.config.task_configs
@@ -100,23 +136,43 @@ class ReasoningGymEnv(BaseEnv):
         }
 
     async def setup(self) -> None:
-        self.train = self.make_datasets(self.config.dataset_size, self.config.seed)
-        self.test = self.make_datasets(self.config.eval_size, self.config.seed + 1)
-        self.rng = random.Random(self.config.seed)
+        """Training stream and held-out set from disjoint slices; refuses to start if they meet."""
+        config, split = self.config, HeldOutSplit(self.config.held_out_fraction)
+        budget = 10 * config.eval_size / (split.fraction or 1.0) + 1_000
+        draws = self.make_datasets(int(4 * config.dataset_size + budget), config.seed)
+        self.train = {
+            name: training_problems(_entries(ds), entry_key, split, config.dataset_size)
+            for name, ds in draws.items()
+        }
+        held_out = self.make_datasets(int(budget), config.seed + 1)
+        self.test = {
+            name: held_out_problems(_entries(ds), entry_key, split, config.eval_size)
+            for name, ds in held_out.items()
+        }
+        self.scorers = draws  # score_answer(answer, entry) of each task
+        self.disjointness = check_disjoint(
+            [entry_key(e) for entries in self.test.values() for e in entries],
+            (entry_key(e) for entries in self.train.values() for e in entries),
+            split.fraction,
+        )
+        logger.info("held-out check: %s", self.disjointness)
+        self.rng = random.Random(config.seed)
         self.position = dict.fromkeys(self.train, 0)
 
     async def get_next_item(self) -> Item:
         names, weights = zip(*self.config.tasks.items(), strict=True)
         task = self.rng.choices(names, weights=weights)[0]
-        index = self.position[task] % self.config.dataset_size
+        index = self.position[task] % len(self.train[task])
         self.position[task] += 1
         return {"task": task, "entry": self.train[task][index]}
 
     def prompt(self, question: str) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+        user = f"{question} {self.config.instruction}".strip()
+        system = [{"role": "system", "content": self.config.system_prompt}]
+        return [*(system if self.config.system_prompt else []), {"role": "user", "content": user}]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        entry, dataset = item["entry"], self.train[item["task"]]
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        entry, dataset = item["entry"], self.scorers[item["task"]]
         weight, lenient = self.config.format_weight, self.config.lenient_answers
         group = await sample_group(
             self.server,
@@ -132,12 +188,17 @@ class ReasoningGymEnv(BaseEnv):
     async def evaluate(self, *args, **kwargs) -> None:
         started = time.time()
         pairs = [(task, entry) for task, dataset in self.test.items() for entry in dataset]
-        samples = await asyncio.gather(*(self.evaluate_one(t, e) for t, e in pairs))
+        samples = await gather_with_progress(
+            [self.evaluate_one(t, e) for t, e in pairs], self.config.data_dir_to_save_evals
+        )
         metrics = {}
         for task in self.test:
             scores = [s["score"] for s in samples if s["task"] == task]
             metrics[f"eval/{task}/accuracy"] = sum(scores) / len(scores)
         metrics["eval/accuracy"] = sum(s["score"] for s in samples) / len(samples)
+        for grade in ("strict", "lenient", "formatted"):
+            metrics[f"eval/{grade}"] = sum(s[grade] for s in samples) / len(samples)
+        metrics.update(self.disjointness.as_metrics())
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
 
     async def evaluate_one(self, task: str, entry: dict) -> dict:
@@ -146,9 +207,23 @@ class ReasoningGymEnv(BaseEnv):
         reply = await greedy_reply(
             self.server, prompt, max_tokens=self.config.max_completion_tokens
         )
-        score = grade(reply, entry, self.test[task], self.config.lenient_answers)
+        scorer = self.scorers[task]
+        score = grade(reply, entry, scorer, self.config.lenient_answers)
+        graded = grade_answer(reply, lambda answer: scorer.score_answer(answer, entry) >= 1.0)
         return {"task": task, "question": entry["question"], "response": reply,
-                "answer": entry["answer"], "score": score}  # fmt: skip
+                "answer": entry["answer"], "score": score, "problem": entry_key(entry),
+                "strict": graded.strict, "lenient": graded.lenient,
+                "formatted": graded.formatted}  # fmt: skip
+
+
+def entry_key(entry: dict) -> str:
+    """The canonical problem of a reasoning-gym entry, with its task's name."""
+    metadata = entry.get("metadata") or {}
+    return f"{metadata.get('source_dataset', '')}:{canonical_problem(entry['question'], metadata)}"
+
+
+def _entries(dataset: Any) -> Iterator[dict]:
+    return (dataset[index] for index in range(len(dataset)))
 
 
 if __name__ == "__main__":

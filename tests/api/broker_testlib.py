@@ -65,7 +65,7 @@ async def in_process(
     app = create_app(settings or BrokerSettings(store="memory"), store=store)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client
 
 

@@ -21,8 +21,10 @@ async def test_env_client_waits_out_503_and_dedups_its_retries() -> None:
     settings = BrokerSettings(store="memory", max_queued_groups=2, retry_after_seconds=1)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b")
-        env = EnvClient("http://b", http_client=http, encoding="json", max_retries=3)
+        http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        )
+        env = EnvClient("http://localhost", http_client=http, encoding="json", max_retries=3)
         assert (await env.post_groups([make_group(), make_group()])).groups_processed == 2
         drained = asyncio.create_task(env.post_groups([make_group(marker=5)]))
         await asyncio.sleep(0.3)

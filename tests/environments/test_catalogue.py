@@ -10,7 +10,6 @@ from envcat_testlib import ENVIRONMENTS, load_env_module
 
 MODULES = [
     "atroposlib.envs.reward_fns.registry",
-    "atroposlib.envs.reward_fns.builtin",
     "atroposlib.envs.reward_fns.answers",
     "atroposlib.envs.reward_fns.math_rewards",
     "atroposlib.envs.reward_fns.format_rewards",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,25 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail() -> None:
             assert (result.ok and all(result.tests_passed or [])) is should_pass, result.stderr_tail
 
 
+@pytest.mark.slow
+def test_every_humaneval_canonical_solution_passes_the_judge() -> None:
+    """The tests run outside the reply's process on plain values: all 164 still pass."""
+    problems = code_eval.load_problems(code_eval.CodeEvalConfig(benchmark="humaneval"))
+    originals = read_problems()
+
+    def check(problem: dict) -> tuple[str, bool]:
+        reply = FENCE.format(originals[problem["task_id"]]["canonical_solution"])
+        program = code_eval.solution_program(reply, problem)
+        result = run_python(program, tests=problem["tests"], test_setup=problem["setup"],
+                            solution_names=problem["entry_points"])  # fmt: skip
+        return problem["task_id"], code_eval.solved(result)
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = dict(pool.map(check, problems))
+    assert [task for task, passed in outcomes.items() if not passed] == []
+    assert len(outcomes) == 164
+
+
 def test_mbpp_fixture_solutions_pass() -> None:
     config = code_eval.CodeEvalConfig(benchmark="mbpp", data_path="mbpp_fixture.jsonl")
     problems = code_eval.load_problems(config)
@@ -107,7 +127,7 @@ def test_code_execution_process_end_to_end(scripted, tmp_path: Path) -> None:
     groups = process_groups("code_execution", server, tmp_path, "--env.group_size=4")
     for group in groups:
         assert group["scores"] == [1.0, 0.5, -0.5, -1.0]
-        statuses = [o["sandbox_status"] for o in group["overrides"]]
+        statuses = [e["sandbox_status"] for e in group["extra"]]
         assert statuses == ["ok", "ok", "syntax_error", "runtime_error"]
 
 

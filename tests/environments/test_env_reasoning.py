@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
 import reasoning_gym
-from envcat_testlib import ENVIRONMENTS, load_env_module, process_groups, run_env
+from envcat_testlib import ENVIRONMENTS, REPO_ROOT, load_env_module, process_groups, run_env
+
+from atroposlib.envs.heldout import HeldOutOverlapError, HeldOutTooSmallError
 
 rg_env = load_env_module("reasoning_gym")
 lc_env = load_env_module("letter_counting")
@@ -138,3 +141,65 @@ def test_letter_counting_process_and_evaluate(scripted, tmp_path: Path) -> None:
 def test_configs_parse(tmp_path: Path) -> None:
     for name in ("reasoning_gym", "letter_counting"):
         assert (ENVIRONMENTS / name / "config.yaml").exists()
+
+
+TWO_DIGIT_SUMS = {
+    "min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2,
+    "operators": ["+"], "allow_parentheses": False, "allow_negation": False,
+}  # fmt: skip
+
+
+async def set_up(**config: object) -> object:
+    env = object.__new__(rg_env.ReasoningGymEnv)
+    env.config = rg_env.ReasoningGymConfig(**config)
+    await rg_env.ReasoningGymEnv.setup(env)
+    return env
+
+
+async def test_held_out_problems_are_distinct_and_never_in_the_training_pool() -> None:
+    env = await set_up(task_configs={"basic_arithmetic": TWO_DIGIT_SUMS}, eval_size=200)
+    held_out, train = env.test["basic_arithmetic"], env.train["basic_arithmetic"]
+    keys = {rg_env.entry_key(e) for e in held_out}
+    assert len(held_out) == len(keys) == 200
+    assert not keys & {rg_env.entry_key(e) for e in train}
+    assert not {e["question"] for e in held_out} & {e["question"] for e in train}
+    assert len(train) == env.config.dataset_size
+    assert (env.disjointness.eval_problems, env.disjointness.overlap) == (200, 0)
+    items = [await rg_env.ReasoningGymEnv.get_next_item(env) for _ in range(300)]
+    assert not keys & {rg_env.entry_key(i["entry"]) for i in items}
+
+
+async def test_a_held_out_set_that_would_meet_training_refuses_to_start() -> None:
+    one_digit = {**TWO_DIGIT_SUMS, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}
+    with pytest.raises(HeldOutOverlapError, match="are in the training pool"):
+        await set_up(task_configs={"basic_arithmetic": one_digit}, held_out_fraction=0.0)
+    with pytest.raises(HeldOutTooSmallError, match="too small for this eval size"):
+        await set_up(task_configs={"basic_arithmetic": one_digit}, eval_size=200)
+
+
+@pytest.mark.slow
+def test_evaluate_reports_strict_lenient_format_and_the_overlap(scripted, tmp_path: Path) -> None:
+    rules = [{"when": "Calculate", "replies": ["<answer>999</answer>"]}]
+    flags = ["--config", str(REPO_ROOT / "configs" / "local-cpu-env.yaml"), "--env.eval_size=20",
+             f"--env.data_dir_to_save_evals={tmp_path / 'ev'}"]  # fmt: skip
+    done = run_env("reasoning_gym", "evaluate", scripted(rules), tmp_path, *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
+    assert metrics["eval/formatted"] == 1.0 and metrics["eval/strict"] == 0.0
+    assert metrics["eval/distinct_problems"] == 20.0
+    assert metrics["eval/overlap_with_training_pool"] == 0.0
+    assert metrics["eval/training_pool_problems"] > 1000
+    assert json.loads((tmp_path / "ev" / "progress.json").read_text()) == {"done": 20, "total": 20}
+    assert "evaluation: 20/20 answered" in done.stderr
+    samples = [json.loads(line) for line in (tmp_path / "ev" / "samples.jsonl").open()]
+    assert len({s["problem"] for s in samples}) == 20
+
+
+def test_refusal_reaches_the_user_as_one_line(scripted, tmp_path: Path) -> None:
+    one_digit = json.dumps({"basic_arithmetic": {**TWO_DIGIT_SUMS, "min_digits": 1,
+                                                 "max_digits": 1}})  # fmt: skip
+    done = run_env("reasoning_gym", "evaluate", scripted([]), tmp_path,
+                   f"--env.task_configs={one_digit}", "--env.held_out_fraction=0")  # fmt: skip
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "evaluation problems are in the training pool" in last

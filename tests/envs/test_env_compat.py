@@ -50,3 +50,22 @@ def test_base_env_keeps_the_atropos_attributes_and_hooks() -> None:
     ):  # fmt: skip
         assert callable(getattr(BaseEnv, hook)), hook
     assert BaseEnv.name is None and BaseEnv.env_config_cls.__name__ == "BaseEnvConfig"
+
+
+@pytest.mark.model
+def test_env_tokenizer_chat_template_returns_ids_as_atropos_envs_expect(
+    test_model_path: object,
+) -> None:
+    from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+
+    class Probe(BaseEnv):
+        async def get_next_item(self) -> None:
+            return None
+
+    env = Probe(BaseEnvConfig(tokenizer_name=str(test_model_path), use_wandb=False), [],
+                testing=True)  # fmt: skip
+    chat = [{"role": "user", "content": "hi"}]
+    ids = env.tokenizer.apply_chat_template(chat)  # gym_taxi takes len() of this
+    assert isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)
+    assert list(env.tokenizer.apply_chat_template(chat, return_dict=True)["input_ids"]) == ids
+    assert isinstance(env.tokenizer.apply_chat_template(chat, tokenize=False), str)

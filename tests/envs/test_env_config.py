@@ -113,9 +113,12 @@ def test_boolean_flags_accept_atropos_and_implicit_spellings(flags: list[str]) -
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        (["--env.group_size", "many"], "--env.group_size: Input should be a valid integer"),
+        (
+            ["--env.group_size", "many"],
+            "--env.group_size: input should be a valid integer, got 'many'",
+        ),
         (["--env.eval_handling", "SOMETIMES"], "--env.eval_handling"),
-        (["--openai.timeout", "-3"], "--openai.timeout: Input should be greater than 0"),
+        (["--openai.timeout", "-3"], "--openai.timeout: input should be greater than 0, got '-3'"),
         (["--env.no_such_field", "1"], "unrecognized arguments: --env.no_such_field"),
         (["--config", "/nonexistent.yaml"], "--config: file /nonexistent.yaml does not exist"),
     ],

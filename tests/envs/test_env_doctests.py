@@ -11,13 +11,22 @@ MODULES = [
     "atroposlib.envs.groups",
     "atroposlib.envs.stats",
     "atroposlib.envs.reward_fns.registry",
-    "atroposlib.envs.reward_fns.builtin",
+    "atroposlib.envs.reward_fns.reward_function",
+    "atroposlib.envs.reward_fns.accuracy_reward",
+    "atroposlib.envs.reward_fns.format_reward",
+    "atroposlib.envs.reward_fns.reasoning_steps_reward",
+    "atroposlib.envs.reward_fns.crossword_format_reward",
+    "atroposlib.envs.reward_fns.repetition_penalty_reward",
+    "atroposlib.envs.reward_fns.combined_reward",
+    "atroposlib.envs.reward_fns.graded",
+    "atroposlib.envs.heldout",
     "atroposlib.envs.server_handling.circuit",
     "atroposlib.envs.server_handling.slurm",
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
     "atroposlib.utils.html_report",
+    "atroposlib.utils.cli",
 ]
 
 

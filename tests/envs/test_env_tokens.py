@@ -115,9 +115,32 @@ async def test_managed_mode_on_an_openai_server_says_what_to_change(
 ) -> None:
     manager = ServerManager([APIServerConfig(base_url=f"{fake.url}/v1")])
     try:
-        async with manager.managed_server(tokenizer=tokenizer) as managed:
-            with pytest.raises(ConfigError, match="server_type to vllm, sglang or embedded"):
-                await managed.completion(prompt="x")
+        with pytest.raises(ConfigError, match="server_type to vllm, sglang or embedded"):
+            async with manager.managed_server(tokenizer=tokenizer):
+                pass
+        with pytest.raises(NotImplementedError, match="ATROPOS_ALLOW_DUMMY_MANAGED_SERVER"):
+            async with manager.managed_server(tokenizer=tokenizer):
+                pass
+    finally:
+        await manager.close()
+
+
+async def test_atropos_dummy_switch_gives_real_text_with_placeholder_tokens(
+    fake: Process, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "1")
+    manager = ServerManager([APIServerConfig(base_url=f"{fake.url}/v1")])
+    try:
+        with pytest.warns(UserWarning, match="placeholder"):
+            async with manager.managed_server(tokenizer=tokenizer) as managed:
+                reply = await managed.chat_completion(
+                    messages=[{"role": "user", "content": "hi"}], n=2
+                )
+                nodes = managed.get_state()["nodes"]
+        assert len(reply.choices) == 2 and len(nodes) == 2
+        assert nodes[0].tokens == list(range(128)) and nodes[0].masked_tokens[0] == -100
+        assert nodes[0].metadata == {"finish_reason": "stop", "dummy_tokens": True}
+        assert nodes[0].full_text.endswith(f"assistant:{reply.choices[0].message.content}")
     finally:
         await manager.close()
 

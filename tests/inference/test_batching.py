@@ -3,6 +3,7 @@ produce exactly the tokens and log-probabilities a lone forward pass gives."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,36 @@ def test_a_shared_prompt_is_run_once_and_each_row_samples_on_its_own(runner: Mod
     assert len({tuple(row.output_ids) for row in rows[:4]}) > 1
     for seq in rows:
         assert torch.allclose(torch.tensor(seq.logprobs), forward_logprobs(runner, seq), atol=1e-3)
+
+
+async def test_preempted_rows_resume_with_the_tokens_they_would_have_had(
+    runner: ModelRunner,
+) -> None:
+    """A small job preempts a row of a bigger one; the resumed row recomputes its prompt and
+    tokens and goes on exactly as if it had never left (greedy ids, logprobs to 1e-3)."""
+    from atroposlib.inference.scheduler import Scheduler
+
+    questions = ["Write a poem about the sea.", "Describe a cat.", "Tell me about rain."]
+    params = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
+    alone = []
+    for question in questions:
+        seq = Sequence(chat(runner, question), params)
+        run_to_end(runner, runner.prefill([seq]))
+        alone.append(seq)
+    scheduler = Scheduler(runner, max_batch_size=2)
+    scheduler.start()
+    try:
+        big = scheduler.submit([Sequence(chat(runner, q), params) for q in questions])
+        while scheduler.stats.sequences_running < 2:
+            await asyncio.sleep(0.01)
+        small = Sequence(chat(runner, "Hi"), SamplingParams(max_new_tokens=2, temperature=0))
+        await asyncio.wait_for(scheduler.generate([small]), 120)
+        done = await asyncio.wait_for(big.result(), 300)
+        assert scheduler.stats.preemptions >= 1
+    finally:
+        scheduler.stop()
+    assert [seq.output_ids for seq in done] == [seq.output_ids for seq in alone]
+    for served, reference in zip(done, alone, strict=True):
+        assert torch.allclose(
+            torch.tensor(served.logprobs), torch.tensor(reference.logprobs), atol=1e-3
+        )

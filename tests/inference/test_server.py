@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import SERVED_NAME
+from inference_helpers import SERVED_NAME, RunningServer
 
 from atroposlib.protocol import ChatCompletionResponse, CompletionResponse, GenerateResponse
 
@@ -59,7 +59,12 @@ def true_logprobs(
 
 def test_health_and_models(client: httpx.Client) -> None:
     health = client.get("/health").json()
-    assert health == {"status": "ok", "model": SERVED_NAME, "weight_version": 0}
+    assert {k: health[k] for k in ("status", "model", "weight_version")} == {
+        "status": "ok",
+        "model": SERVED_NAME,
+        "weight_version": 0,
+    }
+    assert health["sequences_running"] == health["sequences_waiting"] == 0
     models = client.get("/v1/models").json()
     assert [card["id"] for card in models["data"]] == [SERVED_NAME]
     assert models["data"][0]["max_model_len"] == 8192
@@ -188,6 +193,27 @@ def test_stop_strings_are_honoured(client: httpx.Client, reference: Any) -> None
     assert eos["output_ids"][-1] == 2 and eos["text"] == "2 + 3 = 5"
 
 
+def test_stop_takes_token_ids_as_atropos_envs_send_them(
+    client: httpx.Client, reference: Any
+) -> None:
+    """Atropos environments pass ``stop=[tokenizer.eos_token_id]``; the ``=`` token (446)
+    and a string may come in the same list."""
+    prompt = chat_ids(reference, "What is 2+3?")
+    params = {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
+    by_id = generate(client, {"input_ids": prompt, "sampling_params": {**params, "stop": [446]}})
+    assert by_id["output_ids"][-1] == 446 and by_id["text"] == "2 + 3 ="
+    assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": 446, "length": None}
+    mixed = {**params, "stop": ["+", 446]}
+    assert generate(client, {"input_ids": prompt, "sampling_params": mixed})["text"] == "2 "
+    answer = chat(client, "What is 2+3?", temperature=0, max_tokens=30, stop=[2])
+    assert answer.choices[0].finish_reason == "stop"
+    assert (answer.choices[0].token_ids or [])[-1] == 2
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 30, "temperature": 0}
+    completion = client.post("/v1/completions", json={**body, "stop": 446, "ignore_eos": True})
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["choices"][0]["text"] == "2 + 3 ="
+
+
 def test_concurrent_clients_get_their_own_answers(client: httpx.Client, reference: Any) -> None:
     questions = [f"What is {a}+{b}?" for a, b in [(2, 3), (1, 1), (4, 5), (10, 7)]]
     questions += ["Name a fruit.", "What colour is the sky?", "Count to five.", "Say hello."]
@@ -225,8 +251,46 @@ def test_concurrent_clients_get_their_own_answers(client: httpx.Client, referenc
             422,
             "temperature",
         ),
-        ("/v1/completions", {"model": SERVED_NAME, "prompt": [1, 99999999]}, 400, "prompt"),
-        ("/v1/completions", {"model": SERVED_NAME, "prompt": "hi", "stream": True}, 400, "stream"),
+        ("/v1/completions", {"model": SERVED_NAME, "prompt": [1, 99999999]}, 422, "prompt"),
+        ("/v1/completions", {"model": SERVED_NAME, "prompt": "hi", "seed": 2**64}, 422, "seed"),
+        (
+            "/v1/completions",
+            f'{{"model": "{SERVED_NAME}", "prompt": "hi", "top_p": NaN}}',  # Python's json reads it
+            422,
+            "top_p",
+        ),
+        (
+            "/generate",
+            '{"input_ids": [1], "sampling_params": {"temperature": Infinity}}',
+            422,
+            "temperature",
+        ),
+        (
+            "/v1/completions",
+            {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 2**40},
+            422,
+            "max_tokens",
+        ),
+        ("/v1/completions", {"model": SERVED_NAME, "prompt": "hi", "stop": [2**40]}, 422, "stop"),
+        ("/v1/completions", {"model": SERVED_NAME, "prompt": "hi", "stop": [60000]}, 422, "stop"),
+        (
+            "/v1/completions",
+            {"model": SERVED_NAME, "prompt": "hi", "stop_token_ids": [-1]},
+            422,
+            "stop_token_ids",
+        ),
+        (
+            "/v1/completions",
+            {"model": SERVED_NAME, "prompt": ["a"] * 33, "n": 128},
+            413,
+            "prompt, n",
+        ),
+        (
+            "/v1/completions",
+            {"model": SERVED_NAME, "prompt": ["a", "b"], "n": 128, "max_tokens": 8000},
+            413,
+            "max_tokens",
+        ),
         (
             "/v1/chat/completions",
             {"model": SERVED_NAME, "messages": [{"role": "wizard", "content": "x"}]},
@@ -250,13 +314,43 @@ def test_concurrent_clients_get_their_own_answers(client: httpx.Client, referenc
             "max_new_tokens",
         ),
         ("/generate", {"input_ids": [1, 2], "sampling_params": {"n": 0}}, 422, "n"),
+        (
+            "/generate",
+            {"input_ids": [1, 2], "sampling_params": {"stop": [49152]}},
+            422,
+            "sampling_params.stop",
+        ),
+        (
+            "/generate",
+            {"input_ids": [1, 2], "sampling_params": {"sampling_seed": -(2**70)}},
+            422,
+            "sampling_seed",
+        ),
         ("/generate", {"sampling_params": {}}, 422, "input_ids"),
         ("/update_weights_from_disk", {}, 422, "model_path"),
     ],
 )
 def test_bad_requests_get_4xx_naming_the_field(
-    client: httpx.Client, path: str, body: dict[str, Any], status: int, field: str
+    client: httpx.Client, path: str, body: dict[str, Any] | str, status: int, field: str
 ) -> None:
-    response = client.post(path, json=body)
+    if isinstance(body, str):
+        headers = {"content-type": "application/json"}
+        response = client.post(path, content=body.encode(), headers=headers)
+    else:
+        response = client.post(path, json=body)
     assert response.status_code == status, response.text
     assert field in str(response.json()["detail"])
+
+
+def test_requests_leave_no_access_log_lines_at_info(
+    client: httpx.Client, server: RunningServer
+) -> None:
+    """A demo sends ~600 requests; at the default log level none is a log line of its own."""
+    answer = client.post(
+        "/v1/completions", json={"model": server.name, "prompt": "Hi", "max_tokens": 2}
+    )
+    assert answer.status_code == 200
+    assert server.log_path is not None
+    log = server.log_path.read_text()
+    assert "Uvicorn running" in log or "Application startup complete" in log
+    assert "POST /v1/completions" not in log

@@ -28,10 +28,17 @@ BOTH = [Isolation.AUDIT_HOOK, detect_isolation()]
 MODES = sorted(set(BOTH), key=lambda mode: mode.value)
 
 
+SANDBOX_UIDS = range(2_000_000_000, 2_000_000_000 + 2**24)
+
+
 def _sandbox_processes() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any("atropos-sandbox-" in part for part in proc.info["cmdline"] or ()):
+    """This test run's supervisors, and anything under a sandbox uid (C, init, the program's
+    tree, wherever it was reparented). Other engineers' runs on the machine are not ours."""
+    found = [child for child in psutil.Process().children(recursive=True)
+             if "_supervisor.py" in " ".join(child.cmdline())]  # fmt: skip
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info["uids"]
+        if uids is not None and uids.real in SANDBOX_UIDS:
             found.append(proc)
     return found
 

@@ -52,7 +52,8 @@ URLS = ("--inference_urls", '["http://h:1"]')
             [*("--parallel", "fsdp", "--lora.enabled", "--weight_sync", "disk"), *URLS],
             "use --parallel ddp or --weight_sync lora",
         ),
-        (["--lr", "-1"], "lr: Input should be greater than 0"),
+        (["--lr", "-1"], "--lr: input should be greater than 0, got '-1'"),
+        (["--num_steps", "abc"], "--num_steps: input should be a valid integer, got 'abc'"),
         (["--bogus", "1"], "unrecognized arguments: --bogus"),
     ],
 )

@@ -56,6 +56,8 @@ class StoreSnapshot:
     batches: list[BatchRecord] = field(default_factory=list)
     corrupt: set[int] = field(default_factory=set)
     """Keys of stored groups whose payload failed its check (e.g. cut short by a power loss)."""
+    log_damage: int = 0
+    """Damaged stretches of the store's log skipped or cut off while opening it."""
 
 
 class GroupStore(ABC):

@@ -5,10 +5,14 @@ cache before the broker answers, so it survives a kill -9 of the broker (as SQLi
 ``synchronous=NORMAL`` does); :meth:`SegmentLog.sync` (called by the store's background thread)
 makes it survive power loss too.
 
-A record is ``<length u32><crc32 u32><header>`` followed by the payloads it lists: the header
-(msgpack, checked by its crc32) carries the broker state and each group's metadata, payload
-size and payload crc32, so :meth:`SegmentLog.replay` can rebuild whatever SQLite has not been
-told yet and recognise a record torn by a crash.
+A record is ``<magic><length u32><crc32 u32><header>`` followed by the payloads it lists: the
+header (msgpack, checked by its crc32) carries the broker state and each group's metadata,
+payload size and payload crc32, so :meth:`SegmentLog.replay` can rebuild whatever SQLite has not
+been told yet. Damage stays local: a record whose header fails its check is skipped up to the
+next magic that starts an intact record (resynchronisation), a payload that fails its check
+costs its own group only, and a torn or zero-filled tail (a crash or a power loss while
+writing) is cut off. Each damaged stretch is logged and listed in :attr:`SegmentLog.damage`.
+Records of earlier versions (no magic) are still read.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ SEGMENT_BYTES = 16 * 1024 * 1024
 """A segment is closed and a new one started once it holds this many bytes."""
 _OPEN_READERS = 64
 _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))  # buffers per writev (1024 on Linux)
-_FRAME = struct.Struct("<II")
+_MAGIC = b"\xa7SGR"
+_FRAME = struct.Struct("<4sII")
+_LEGACY_FRAME = struct.Struct("<II")
 _SUFFIX = ".seg"
 
 
@@ -53,6 +59,18 @@ class ReplayedRecord:
     header: dict[str, Any]
     payloads: list[PayloadLocation]
     end: LogPosition
+    damaged: frozenset[int] = frozenset()
+    """Indices of payloads that failed their crc32 (the header itself is intact)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """A stretch of a segment that held no intact record: skipped, or cut off at the tail."""
+
+    segment: int
+    offset: int
+    length: int
+    cut: bool
 
 
 def payload_crc(payload: bytes) -> int:
@@ -69,6 +87,7 @@ class SegmentLog:
         self._readers: dict[int, int] = {}
         self._sync_lock = threading.Lock()
         self._unsynced: set[int] = set()
+        self.damage: list[Damage] = []
         existing = self.segments()
         self._active = existing[-1] if existing else 1
         self._writer = self._open_writer(self._active)
@@ -97,11 +116,11 @@ class SegmentLog:
         Adds ``lengths`` and ``crcs`` (crc32 of each payload) to ``header`` before writing it.
         """
         if self._end >= self.segment_bytes:
-            self._rotate()
+            self.rotate()
         header["lengths"] = [len(payload) for payload in payloads]
         header["crcs"] = [payload_crc(payload) for payload in payloads]
         head = msgpack.packb(header, use_bin_type=True)
-        frame = _FRAME.pack(len(head), zlib.crc32(head))
+        frame = _FRAME.pack(_MAGIC, len(head), zlib.crc32(head))
         offset = self._end + len(frame) + len(head)
         locations = []
         for payload in payloads:
@@ -133,7 +152,8 @@ class SegmentLog:
             self._end = start
             raise
 
-    def _rotate(self) -> None:
+    def rotate(self) -> None:
+        """Close the active segment; the next record starts a new one."""
         with self._sync_lock:
             os.close(self._writer)
             self._active += 1
@@ -153,33 +173,41 @@ class SegmentLog:
         return data
 
     def replay(self, start: LogPosition) -> Iterator[ReplayedRecord]:
-        """Intact records from ``start`` on; a torn or corrupt tail is cut off (and logged)."""
-        for segment in [s for s in self.segments() if s >= start.segment]:
+        """Intact records from ``start`` on, skipping damage; a damaged tail is cut off."""
+        segments = [s for s in self.segments() if s >= start.segment]
+        for segment in segments:
             offset = start.offset if segment == start.segment else 0
             with open(self._path(segment), "rb") as handle:
                 data = handle.read()
             while offset < len(data):
                 record = _parse(data, segment, offset)
-                if record is None:
-                    self._cut(segment, offset, len(data))
-                    return
-                yield record
-                offset = record.end.offset
+                if record is not None:
+                    yield record
+                    offset = record.end.offset
+                    continue
+                resume = _next_record(data, segment, offset)
+                last = segment == segments[-1] and resume == len(data)
+                self._damaged(Damage(segment, offset, resume - offset, cut=last))
+                offset = resume
 
-    def _cut(self, segment: int, offset: int, size: int) -> None:
-        later = [s for s in self.segments() if s > segment]
+    def _damaged(self, damage: Damage) -> None:
+        self.damage.append(damage)
+        where = f"{damage.segment}:{damage.offset}"
+        if not damage.cut:
+            logger.error(
+                "segment log: %d damaged byte(s) at %s skipped; the records in them are lost, "
+                "those after them kept", damage.length, where,
+            )  # fmt: skip
+            return
         logger.warning(
-            "segment log: dropping a torn record at %s:%d (%d bytes, %d later segment(s)): "
-            "the broker stopped while writing it, before answering",
-            segment, offset, size - offset, len(later),
+            "segment log: cutting %d byte(s) of torn or zeroed tail at %s (the broker stopped "
+            "while writing them, before answering)", damage.length, where,
         )  # fmt: skip
         self.close()
-        os.truncate(self._path(segment), offset)
-        for stale in later:
-            self._path(stale).unlink()
-        self._active = segment
-        self._writer = self._open_writer(segment)
-        self._end = offset
+        os.truncate(self._path(damage.segment), damage.offset)
+        self._active = damage.segment
+        self._writer = self._open_writer(damage.segment)
+        self._end = damage.offset
 
     def sync(self) -> None:
         """fdatasync every segment written since the last call (safe from another thread)."""
@@ -228,19 +256,45 @@ class SegmentLog:
 
 
 def _parse(data: bytes, segment: int, offset: int) -> ReplayedRecord | None:
-    if offset + _FRAME.size > len(data):
-        return None
-    head_length, head_crc = _FRAME.unpack_from(data, offset)
-    head_start = offset + _FRAME.size
-    head = data[head_start : head_start + head_length]
-    if len(head) != head_length or zlib.crc32(head) != head_crc:
-        return None
-    header = msgpack.unpackb(head, raw=False)
-    position = head_start + head_length
-    payloads = []
-    for length, crc in zip(header.get("lengths", ()), header.get("crcs", ()), strict=True):
-        if payload_crc(data[position : position + length]) != crc:
+    """The intact record at ``offset``, or None."""
+    if data.startswith(_MAGIC, offset):
+        frame = _FRAME
+        if offset + frame.size > len(data):
             return None
+        _, head_length, head_crc = frame.unpack_from(data, offset)
+    else:  # written before records began with a magic
+        frame = _LEGACY_FRAME
+        if offset + frame.size > len(data):
+            return None
+        head_length, head_crc = frame.unpack_from(data, offset)
+    head_start = offset + frame.size
+    head = data[head_start : head_start + head_length]
+    if not head or len(head) != head_length or zlib.crc32(head) != head_crc:
+        return None
+    try:
+        header = msgpack.unpackb(head, raw=False)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if not isinstance(header, dict) or "op" not in header:
+        return None
+    position = head_start + head_length
+    payloads, damaged = [], set()
+    lengths, crcs = header.get("lengths", ()), header.get("crcs", ())
+    if len(lengths) != len(crcs) or position + sum(lengths) > len(data):
+        return None  # torn: the payloads were not all written
+    for index, (length, crc) in enumerate(zip(lengths, crcs, strict=True)):
+        if payload_crc(data[position : position + length]) != crc:
+            damaged.add(index)
         payloads.append(PayloadLocation(segment, position, length))
         position += length
-    return ReplayedRecord(header, payloads, LogPosition(segment, position))
+    return ReplayedRecord(header, payloads, LogPosition(segment, position), frozenset(damaged))
+
+
+def _next_record(data: bytes, segment: int, offset: int) -> int:
+    """Where the first intact record after ``offset`` starts (``len(data)``: none)."""
+    candidate = data.find(_MAGIC, offset + 1)
+    while candidate != -1:
+        if _parse(data, segment, candidate) is not None:
+            return candidate
+        candidate = data.find(_MAGIC, candidate + 1)
+    return len(data)

@@ -16,10 +16,16 @@ every stored payload is checked against its crc32, and a damaged one is reported
 ``pread``); a segment is deleted once every record in it is applied and no group points into it,
 and the few live payloads of an old, mostly released segment are copied forward (``COMPACT_BELOW``)
 so that a long-waiting group does not keep a whole segment on disk.
+
+Disk space (:mod:`atroposlib.api.store.space`): new groups are refused below ``min_free_bytes``
+free; a change that frees space may use the disk reserve; an apply that fails (a full disk)
+stays queued, the log holding the changes; and while space is short an emptied active segment
+is closed so that it can be deleted, and recent sparse segments are compacted too.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import sqlite3
 import time
@@ -47,6 +53,7 @@ from atroposlib.api.store.segments import (
     SegmentLog,
     payload_crc,
 )
+from atroposlib.api.store.space import DiskSpace
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +78,9 @@ COMPACT_BELOW = 0.25
 """A closed segment whose live payloads fill less than this share of it has them copied forward."""
 _RECENT_SEGMENTS = 4  # the newest segments are left alone: their groups are usually used soon
 _COMPACTIONS_PER_APPLY = 8
+MIN_FREE_BYTES = 128 * 1024 * 1024
+"""Default floor of free disk space below which new groups are refused (503)."""
+_FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 SYNC_INTERVAL_S = 1.0
 """How often the background thread fdatasyncs segments and checkpoints the WAL after writes."""
 
@@ -102,6 +112,7 @@ class SqliteStore(GroupStore):
         group_ids_kept: int = DEFAULT_GROUP_IDS_KEPT,
         sync_interval: float = SYNC_INTERVAL_S,
         segment_bytes: int = SEGMENT_BYTES,
+        min_free_bytes: int = MIN_FREE_BYTES,
     ) -> None:
         self.path = Path(path)
         self.description = f"sqlite:{self.path}"
@@ -119,6 +130,7 @@ class SqliteStore(GroupStore):
             if column not in columns:
                 self._db.execute(f"ALTER TABLE groups ADD COLUMN {column} INTEGER")
         self._log = SegmentLog(self.path.with_name(self.path.name + "-segments"), segment_bytes)
+        self._space = DiskSpace(self._log.folder, min_free_bytes)
         self._pending: list[tuple[str, list[tuple[Any, ...]]]] = []
         self._pending_ids: dict[str, None] = {}
         self._pending_state: bytes | None = None
@@ -138,17 +150,52 @@ class SqliteStore(GroupStore):
     # -- the segment log and its application to SQLite ----------------------------------
 
     def _write(self, header: dict[str, Any], payloads: Sequence[bytes] = ()) -> None:
-        """Log one change (durable from here on) and queue it for SQLite."""
+        """Log one change (durable from here on) and queue it for SQLite.
+
+        Raises OSError when the change could not be logged (then nothing changed). A change
+        that does not add groups may use the disk reserve: it is what frees space.
+        """
         active = self._log.active_segment
-        locations = self._log.append(header, payloads)
-        if self._log.active_segment != active:
-            self._maybe_empty.add(active)
+        try:
+            locations = self._log.append(header, payloads)
+        except OSError as err:
+            if err.errno not in _FULL_ERRNOS or header["op"] == "add":
+                raise
+            if not self._space.release_reserve():
+                raise
+            locations = self._log.append(header, payloads)
+        finally:
+            if self._log.active_segment != active:  # rotated (even if the write then failed)
+                self._maybe_empty.add(active)
+        self._space.written(sum(len(p) for p in payloads) + 256)
         self._checkpointer.dirty = True
         self._pend(header, locations)
         if self._pending_records >= APPLY_EVERY:
-            self._apply()
+            self._apply_logged()
 
-    def _pend(self, header: dict[str, Any], locations: Sequence[PayloadLocation]) -> None:
+    def _apply_with_reserve(self, *, compact: bool = True) -> None:
+        """:meth:`_apply`; on a full disk once more with the disk reserve given up."""
+        try:
+            self._apply(compact=compact)
+        except (OSError, sqlite3.Error):
+            if not self._space.release_reserve():
+                raise
+            self._apply(compact=compact)
+
+    def _apply_logged(self, *, compact: bool = True) -> None:
+        """:meth:`_apply`, whose failure (a full disk) leaves the changes queued for later:
+        they are in the log already, and a later apply (or the next start) catches up."""
+        try:
+            self._apply_with_reserve(compact=compact)
+        except (OSError, sqlite3.Error) as err:
+            logger.warning("could not apply the log to SQLite (%s); retrying later", err)
+
+    def _pend(
+        self,
+        header: dict[str, Any],
+        locations: Sequence[PayloadLocation],
+        damaged: Collection[int] = (),
+    ) -> None:
         """What a logged change does to SQLite, queued in order (also used by the replay)."""
         op = header["op"]
         if op == "add":
@@ -172,7 +219,11 @@ class SqliteStore(GroupStore):
             self._queue_sql(_DELETE_BATCH, [(step,) for step in header["steps"]])
         elif op == "move":
             moves = []
-            for key, location, crc in zip(header["keys"], locations, header["crcs"], strict=True):
+            for index, (key, location, crc) in enumerate(
+                zip(header["keys"], locations, header["crcs"], strict=True)
+            ):
+                if index in damaged:
+                    continue  # the copy is damaged: the group stays where it was
                 self._forget([key])
                 self._place(key, location)
                 moves.append((location.segment, location.offset, crc, key))
@@ -207,6 +258,12 @@ class SqliteStore(GroupStore):
 
     def _apply(self, *, compact: bool = True) -> None:
         """One transaction bringing SQLite up to the end of the segment log."""
+        short = self._space.short
+        active = self._log.active_segment
+        # (not while starting, compact=False: the index may not know every group yet)
+        if compact and short and self._log.end.offset and not self._segment_keys.get(active):
+            self._log.rotate()  # nothing live in it: once applied, it can be deleted
+            self._maybe_empty.add(active)
         end = self._log.end
         self._db.execute("BEGIN IMMEDIATE")
         try:
@@ -236,15 +293,17 @@ class SqliteStore(GroupStore):
                 self._live_bytes.pop(segment, None)
                 self._log.delete(segment)
         if compact:
-            self._compact()
+            self._compact(short)
+        if not short:
+            self._space.ensure_reserve()
 
-    def _compact(self) -> None:
+    def _compact(self, short: bool = False) -> None:
         """Copy the few live payloads of old, mostly released segments forward (a "move").
 
         Without this, one group that waits long (a rarely picked env) would keep its whole
         segment on disk; the emptied segment is deleted once the move is applied.
         """
-        oldest_kept = self._log.active_segment - _RECENT_SEGMENTS
+        oldest_kept = self._log.active_segment - (0 if short else _RECENT_SEGMENTS)
         sparse = [
             segment
             for segment, live_bytes in sorted(self._live_bytes.items())
@@ -297,6 +356,8 @@ class SqliteStore(GroupStore):
         ):
             snapshot.batches.append(BatchRecord(step, tuple(orjson.loads(keys)), bool(delivered)))
         in_batches = {key for batch in snapshot.batches for key in batch.keys}
+        snapshot.log_damage = len(self._log.damage)
+        self._log.damage.clear()
         for (group_id,) in self._db.execute("SELECT group_id FROM group_ids ORDER BY seq"):
             self._recent_ids.add(group_id)
         query = (
@@ -317,13 +378,15 @@ class SqliteStore(GroupStore):
                 if payload_crc(self._read(location)) != crc:
                     snapshot.corrupt.add(meta.key)
                 checked_bytes += meta.nbytes
+        # a batch whose groups' record was lost to damage cannot be served whole
+        snapshot.corrupt |= in_batches - snapshot.batched.keys()
         if checked_bytes:
             logger.info(
                 "checked %d stored payload(s), %.1f MB, in %.2f s",
                 len(self._locations), checked_bytes / 1e6, time.perf_counter() - started,
             )  # fmt: skip
         self._maybe_empty.update(self._log.segments())
-        self._apply(compact=False)  # deletes segments nothing points into
+        self._apply_with_reserve(compact=False)  # deletes segments nothing points into
         return snapshot
 
     def _read(self, location: PayloadLocation) -> bytes:
@@ -339,19 +402,20 @@ class SqliteStore(GroupStore):
         start = LogPosition(*row) if row else LogPosition(segments[0] if segments else 1, 0)
         replayed = 0
         for record in self._log.replay(start):
-            self._pend(record.header, record.payloads)
+            self._pend(record.header, record.payloads, record.damaged)
             replayed += 1
         if replayed:
             logger.info("replayed %d change(s) from the segment log", replayed)
             # The index knows only the replayed groups until load() reads SQLite: a segment it
             # thinks empty may still hold older groups, so nothing is deleted or moved yet.
             self._maybe_empty.clear()
-            self._apply(compact=False)
+            self._apply_with_reserve(compact=False)
 
     # -- the store interface -----------------------------------------------------------
 
     def add_groups(self, groups: Sequence[NewGroup], state: dict[str, Any]) -> None:
         blobs = [g.blob for g in groups]
+        self._space.check_room(sum(len(blob) for blob in blobs))
         header = {
             "op": "add",
             "state": orjson.dumps(state),
@@ -433,7 +497,7 @@ class SqliteStore(GroupStore):
 
     def close(self) -> None:
         if self._pending_records:
-            self._apply(compact=False)  # spares the next start a replay
+            self._apply_logged(compact=False)  # spares the next start a replay
         self._checkpointer.stop()
         self._db.close()
         self._log.close()

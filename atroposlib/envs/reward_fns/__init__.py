@@ -1,31 +1,29 @@
-"""Pure reward functions ``(completions, **kwargs) -> list[float]`` and their registry."""
+"""Rewards: pure functions ``(completions, **kwargs) -> list[float]``, ``RewardFunction``
+classes, and one registry for both (Atropos 0.4's ``registry``, ``RewardFunction``,
+``CombinedReward`` keep their import paths)."""
 
-from atroposlib.envs.reward_fns import (
-    builtin,
-    code_rewards,
-    format_rewards,
-    math_rewards,
-    tool_call_rewards,
-)
+from atroposlib.envs.reward_fns.combined_reward import CombinedReward
 from atroposlib.envs.reward_fns.registry import (
     RewardFn,
+    RewardRegistry,
     combine,
     completion_text,
     get_reward,
     list_rewards,
     register_reward,
+    registry,
 )
+from atroposlib.envs.reward_fns.reward_function import RewardFunction
 
 __all__ = [
+    "CombinedReward",
     "RewardFn",
-    "builtin",
-    "code_rewards",
+    "RewardFunction",
+    "RewardRegistry",
     "combine",
     "completion_text",
-    "format_rewards",
     "get_reward",
     "list_rewards",
-    "math_rewards",
     "register_reward",
-    "tool_call_rewards",
+    "registry",
 ]

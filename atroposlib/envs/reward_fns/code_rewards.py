@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,64 @@ def pass_rate_reward(
         code = extract_python_code(completion_text(completion))
         scores.append(run_python(code, tests=list(problem_tests), limits=limits).pass_rate)
     return scores
+
+
+def tested_functions(reference: str, tests: Sequence[str]) -> list[str]:
+    """Functions the reference solution defines at top level that the tests call: the names the
+    judge must always take from the reply, even one that shadows a builtin (MBPP's ``max``...).
+
+    >>> tested_functions("def max(a, b):\\n    return a\\ndef helper():\\n    pass",
+    ...                  ["assert max(1, 2) == 2"])
+    ['max']
+    >>> tested_functions("def f(:", ["assert f()"])
+    []
+    """
+    try:
+        tree = ast.parse(reference)
+    except SyntaxError:
+        return []
+    defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)]
+    called = {node.id for test in tests for node in ast.walk(ast.parse(test))
+              if isinstance(node, ast.Name)}  # fmt: skip
+    return [name for name in defined if name in called]
+
+
+def outputs_match(expected: str | None, actual: str) -> bool:
+    """Outputs match line by line, ignoring trailing whitespace and blank lines at the ends.
+
+    >>> outputs_match("[1, 2]  ", "[1, 2]\\n"), outputs_match("[1,2]", "[1, 2]\\n")
+    (True, False)
+    >>> outputs_match(None, "")
+    False
+    """
+    if expected is None:
+        return False
+    return [line.rstrip() for line in expected.strip().splitlines()] == [
+        line.rstrip() for line in actual.strip().splitlines()
+    ]
+
+
+def io_reward(runs: Sequence[SandboxResult], expected: Sequence[str]) -> float:
+    """Stdin/stdout tasks: 1.0 when every case's run ends OK with the expected output; else
+    0.0, or the execution reward when the program cannot run (-0.5 syntax, -1.0 runtime error or
+    timeout on a case). The expected outputs never reach the sandbox: compared here.
+
+    >>> from atroposlib.sandbox import Isolation
+    >>> def ran(out, status=SandboxStatus.OK):
+    ...     return SandboxResult(status=status, stdout=out, stderr_tail="", duration_s=0.1,
+    ...                          exit_code=0, isolation=Isolation.NAMESPACES)
+    >>> io_reward([ran("3\\n"), ran("7")], ["3", "7"]), io_reward([ran("3"), ran("3")], ["3", "7"])
+    (1.0, 0.0)
+    >>> io_reward([ran("3"), ran("", SandboxStatus.TIMEOUT)], ["3", "7"])
+    -1.0
+    """
+    if len(runs) != len(expected):
+        raise ValueError(f"{len(runs)} runs for {len(expected)} expected outputs")
+    for run in runs:
+        if not run.ok:
+            return execution_reward(run)
+    pairs = zip(runs, expected, strict=True)
+    return float(all(outputs_match(want, run.stdout) for run, want in pairs))
 
 
 def pass_at_k(samples: int, correct: int, k: int) -> float:

@@ -16,9 +16,19 @@ from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.circuit import CircuitBreaker
 from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
+from atroposlib.envs.server_handling.reasoning import VALID_REASONING_EFFORTS, ReasoningConfig
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "VALID_REASONING_EFFORTS",
+    "APIServer",
+    "APIServerConfig",
+    "GeneratedSequence",
+    "ReasoningConfig",
+    "ServerBaseline",
+]
 
 ServerType = Literal["openai", "vllm", "sglang", "embedded", "trl"]
 DEFAULT_OPENAI_URL = "https://api.openai.com/v1"
@@ -43,7 +53,8 @@ class ServerBaseline(BaseModel):
         description="Backend: openai, vllm, sglang or embedded (the last three give token ids).",
     )
     tokenizer_name: str | None = Field(
-        default=None, description="Tokenizer for managed mode when the env passes none."
+        default=None,
+        description="Tokenizer for managed mode when the env passes none (none: model_name).",
     )
     max_retries: int = Field(
         default=3, ge=0, description="Retries of a failed request (on any healthy server)."
@@ -75,14 +86,25 @@ class APIServerConfig(ServerBaseline):
     )
 
 
+def tokenizer_name_of(config: ServerBaseline) -> str:
+    """The tokenizer to load for a server: ``tokenizer_name`` unless unset or Atropos's
+    ``"none"``, then ``model_name``."""
+    name = config.tokenizer_name
+    return config.model_name if name in (None, "", "none") else name
+
+
 @dataclass(frozen=True, slots=True)
 class GeneratedSequence:
-    """One sampled continuation with its token ids and per-token logprobs."""
+    """One sampled continuation with its token ids and per-token logprobs.
+
+    ``weight_version``: the engine's weight version that sampled it, when the engine says.
+    """
 
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     text: str | None = None
+    weight_version: int | None = None
 
 
 class APIServer(ABC):
@@ -90,8 +112,16 @@ class APIServer(ABC):
 
     supports_token_ids: bool = False
 
-    def __init__(self, config: APIServerConfig, *, http_client: httpx.AsyncClient | None = None):
+    def __init__(
+        self,
+        config: APIServerConfig,
+        reasoning_config: ReasoningConfig | None = None,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+    ):
         self.config = config
+        self.reasoning_config = reasoning_config
+        self._tokenizer: Any = None
         self.base_url = (config.base_url or DEFAULT_OPENAI_URL).rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -118,6 +148,19 @@ class APIServer(ABC):
         }
         self.failures = 0
         self.requests = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer (``tokenizer_name``, else ``model_name``), loaded once."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_name_of(self.config))
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
 
     @property
     def server_healthy(self) -> bool:
@@ -206,6 +249,58 @@ class APIServer(ABC):
             f"server_type {self.config.server_type!r} cannot return token ids; "
             "use server_type vllm, sglang or embedded for managed_server()"
         )
+
+    async def tokens_and_logprobs_completion(
+        self, **kwargs: Any
+    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+        """Atropos 0.4's token call: ``input_ids`` (or ``prompt``, tokenized) and sampling
+        kwargs -> (prompt ids, output ids per choice, logprobs per choice, finish reasons)."""
+        kwargs.pop("model", None)
+        prompt_ids = kwargs.pop("input_ids", None)
+        prompt = kwargs.pop("prompt", None)
+        if prompt_ids is None:
+            prompt_ids = list(self.tokenizer.encode(prompt))
+        n = int(kwargs.pop("n", 1) or 1)
+        samples = await self.generate(list(prompt_ids), n, kwargs)
+        return (
+            list(prompt_ids),
+            [s.output_ids for s in samples],
+            [s.logprobs for s in samples],
+            [s.finish_reason for s in samples],
+        )
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt logprobs (Atropos 0.4 shape): ``input_ids`` or ``prompt``, ``top_k`` ->
+        ``{"prompt_tokens", "prompt_topk_token_ids", "prompt_topk_logprobs"}``."""
+        prompt_ids = kwargs.get("input_ids")
+        if prompt_ids is None:
+            prompt_ids = list(self.tokenizer.encode(kwargs["prompt"]))
+        top_k = max(1, int(kwargs.get("top_k", kwargs.get("top_logprobs", 1)) or 1))
+        split = str(kwargs.get("split", "train"))
+        scored = await self.timed(split, self.prompt_logprobs(list(prompt_ids), top_k))
+        return {
+            "prompt_tokens": list(prompt_ids),
+            "prompt_topk_token_ids": [[t for t, _ in position] for position in scored],
+            "prompt_topk_logprobs": [[lp for _, lp in position] for position in scored],
+        }
+
+    async def prompt_logprobs(
+        self, input_ids: list[int], top_k: int
+    ) -> list[list[tuple[int, float]]]:
+        """Per prompt position: the scored token first, then the top-k alternatives, as
+        (token id, logprob); position 0 has none."""
+        raise InferenceError(
+            f"server_type {self.config.server_type!r} cannot return prompt logprobs; "
+            "use server_type vllm, sglang or embedded for a teacher server"
+        )
+
+    async def wandb_metrics(
+        self, metrics_dict: dict[str, Any] | None, server_name: str | None
+    ) -> dict[str, Any]:
+        """Atropos 0.4's name: this server's metrics added to ``metrics_dict``."""
+        out = dict(metrics_dict or {})
+        out.update(self.metrics(server_name or "server"))
+        return out
 
     def metrics(self, name: str) -> dict[str, float]:
         out: dict[str, float] = {}

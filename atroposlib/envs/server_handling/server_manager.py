@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -14,9 +15,15 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.circuit import CircuitState
+from atroposlib.envs.server_handling.dedicated import DedicatedServer
 from atroposlib.envs.server_handling.harness import ServerHarness
-from atroposlib.envs.server_handling.managed import ManagedServer
+from atroposlib.envs.server_handling.managed_server import (
+    DummyManagedServer,
+    ManagedServer,
+    dummy_or_refuse,
+)
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -47,6 +54,9 @@ BACKENDS: dict[str, type[APIServer]] = {
 __all__ = [
     "APIServer",
     "APIServerConfig",
+    "DummyManagedServer",
+    "ManagedServer",
+    "ReasoningConfig",
     "ServerBaseline",
     "ServerManager",
     "ServerManagerConfig",
@@ -79,13 +89,23 @@ class ServerManager:
         slurm: bool = False,
         testing: bool = False,
         max_n_completions: int = 8,
+        reasoning_config: ReasoningConfig | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         self.max_n_completions = max_n_completions
+        self.reasoning_config = reasoning_config
+        self.tool_parser = tool_parser
+        """Tool-call parser for ``managed_server()`` chats with ``tools`` (``"hermes"``)."""
         if testing:
             self.servers: list[APIServer] = [ServerHarness()]
         else:
             resolved = resolve_server_configs(configs, slurm=slurm)
-            self.servers = [(server_class or backend_for(c))(c) for c in resolved]
+            if server_class is not None and inspect.isabstract(server_class):
+                server_class = None  # Atropos envs name the abstract APIServer: pick by type
+            self.servers = [
+                (server_class or backend_for(c))(c, reasoning_config=reasoning_config)
+                for c in resolved
+            ]
         first = self.servers[0].config
         self.max_retries = first.max_retries
         self.retry_backoff_s = first.retry_backoff_s
@@ -126,6 +146,12 @@ class ServerManager:
             self._slot_freed.clear()
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), timeout=timeout)
+
+    async def call_on(
+        self, split: str, op: Callable[[APIServer], Awaitable[T]], servers: Sequence[APIServer]
+    ) -> T:
+        """``op`` on one of ``servers`` with the manager's retries and circuit breakers."""
+        return await self._call(split, op, servers)
 
     async def _call(
         self,
@@ -186,16 +212,16 @@ class ServerManager:
         """``/completions`` with OpenAI kwargs; ``split="eval"`` uses eval capacity."""
         return await self._fan_out("completion", kwargs)
 
+    @property
+    def returns_token_ids(self) -> bool:
+        """Whether some server samples token-in/token-out (vllm, sglang, embedded)."""
+        return any(server.supports_token_ids for server in self.servers)
+
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
     ) -> list[GeneratedSequence]:
         """Token-in/token-out sampling on a server that returns token ids and logprobs."""
-        pool = [s for s in self.servers if s.supports_token_ids]
-        if not pool:
-            raise ConfigError(
-                "managed_server() needs token ids: set server_type to vllm, sglang or embedded "
-                f"(configured: {sorted({s.config.server_type for s in self.servers})})"
-            )
+        pool = self._token_servers()
         split = "eval" if sampling.get("split", "train") != "train" else "train"
 
         def op(chunk: int) -> Callable[[APIServer], Awaitable[list[GeneratedSequence]]]:
@@ -204,22 +230,73 @@ class ServerManager:
         results = await asyncio.gather(*(self._call(split, op(c), pool) for c in self._chunks(n)))
         return [sequence for chunk in results for sequence in chunk]
 
+    async def tokens_and_logprobs_completion(
+        self, **kwargs: Any
+    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+        """Atropos 0.4's token call on a server that returns token ids (see APIServer)."""
+        split = "eval" if kwargs.pop("split", "train") != "train" else "train"
+        pool = self._token_servers()
+        return await self._call(split, lambda s: s.tokens_and_logprobs_completion(**kwargs), pool)
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt logprobs (top-k) of ``input_ids`` or ``prompt``; see APIServer.get_logprobs."""
+        split = "eval" if kwargs.pop("split", "train") != "train" else "train"
+        return await self._call(split, lambda server: server.get_logprobs(**kwargs))
+
     @asynccontextmanager
-    async def managed_server(self, tokenizer: Any = None) -> AsyncIterator[ManagedServer]:
-        """Tracks token ids, prompt masks and logprobs of every completion made inside."""
-        managed = ManagedServer(self, tokenizer=tokenizer or self._default_tokenizer())
+    async def dedicated_server(self) -> AsyncIterator[DedicatedServer]:
+        """Pin the least-loaded healthy server for the length of the block (one slot held)."""
+        server = await self._acquire("train", self.servers)
+        server.in_flight["train"] += 1
+        try:
+            yield DedicatedServer(self, server)
+        finally:
+            server.in_flight["train"] -= 1
+            self._slot_freed.set()
+
+    @asynccontextmanager
+    async def managed_server(
+        self,
+        tokenizer: Any = None,
+        base_url: str | None = None,
+        preserve_think_blocks: bool = False,
+    ) -> AsyncIterator[Any]:
+        """Tracks token ids, prompt masks and logprobs of every completion made inside.
+
+        Servers without token ids (``server_type: openai``) give placeholder nodes when
+        ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1`` (evaluation only), as in Atropos 0.4.
+        """
+        pool = [s for s in self.servers if not base_url or s.config.base_url == base_url]
+        if not pool:
+            raise ConfigError(f"managed_server(base_url={base_url!r}): no such server")
+        if not any(s.supports_token_ids for s in pool):
+            managed: Any = dummy_or_refuse(self, pool[0])
+        else:
+            managed = ManagedServer(
+                self if not base_url else _Pinned(self, pool),
+                tokenizer=tokenizer or self._default_tokenizer(),
+                tool_parser=self.tool_parser,
+                preserve_think_blocks=preserve_think_blocks,
+            )
         try:
             yield managed
         finally:
             managed.reset()
 
-    def _default_tokenizer(self) -> Any:
-        name = self.servers[0].config.tokenizer_name
-        if not name:
-            raise ConfigError("managed_server() needs a tokenizer: pass tokenizer=self.tokenizer")
-        from transformers import AutoTokenizer
+    def _token_servers(self) -> list[APIServer]:
+        pool = [s for s in self.servers if s.supports_token_ids]
+        if not pool:
+            raise ConfigError(
+                "managed_server() needs token ids: set server_type to vllm, sglang or embedded "
+                f"(configured: {sorted({s.config.server_type for s in self.servers})})"
+            )
+        return pool
 
-        return AutoTokenizer.from_pretrained(name)
+    def _default_tokenizer(self) -> Any:
+        config = self.servers[0].config
+        if config.tokenizer_name in (None, "", "none") and config.model_name == "default":
+            raise ConfigError("managed_server() needs a tokenizer: pass tokenizer=self.tokenizer")
+        return self.servers[0].tokenizer
 
     # ---- bookkeeping --------------------------------------------------------------------
 
@@ -238,6 +315,25 @@ class ServerManager:
             probe.cancel()
         for server in self.servers:
             await server.close()
+
+
+class _Pinned:
+    """A manager whose ``generate`` uses only the given servers (``managed_server(base_url=)``)."""
+
+    def __init__(self, manager: ServerManager, servers: list[APIServer]) -> None:
+        self.manager = manager
+        self.servers = servers
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        split = "eval" if sampling.get("split", "train") != "train" else "train"
+        return await self.manager.call_on(
+            split, lambda server: server.generate(input_ids, n, sampling), self.servers
+        )
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        return await self.manager.get_logprobs(**kwargs)
 
 
 def merge_choices(responses: list[Any]) -> Any:

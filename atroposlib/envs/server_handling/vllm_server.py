@@ -4,15 +4,42 @@ from __future__ import annotations
 
 from typing import Any
 
+from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    GeneratedSequence,
+    ReasoningConfig,
+)
 from atroposlib.errors import InferenceError
 
+__all__ = [
+    "NAMESPACE_SEP",
+    "OPENAI_NAMESPACE",
+    "APIServer",
+    "APIServerConfig",
+    "ReasoningConfig",
+    "VLLMServer",
+    "parse_prompt_logprobs",
+    "parse_vllm_choice",
+]
 _TOKEN_PREFIX = "token_id:"
 
 
-def parse_vllm_choice(choice: Any) -> GeneratedSequence:
-    """One ``/v1/completions`` choice requested with ``logprobs=0`` and token ids as tokens."""
+def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> GeneratedSequence:
+    """One ``/v1/completions`` choice requested with ``logprobs=0`` and token ids as tokens.
+
+    vLLM 0.10.2+ also answers ``token_ids`` and ``prompt_token_ids`` (``return_token_ids``);
+    prompt ids that differ from ``prompt_ids`` mean the engine did not continue from exactly
+    the ids sent (InferenceError).
+    """
+    echoed = choice.get("prompt_token_ids") if isinstance(choice, dict) else None
+    if prompt_ids is not None and echoed is not None and list(echoed) != prompt_ids:
+        raise InferenceError(
+            f"vLLM continued from {len(echoed)} prompt ids that differ from the "
+            f"{len(prompt_ids)} sent"
+        )
     try:
         logprobs = choice["logprobs"]
         values = [float(v) for v in logprobs["token_logprobs"]]
@@ -25,6 +52,29 @@ def parse_vllm_choice(choice: Any) -> GeneratedSequence:
     if len(ids) != len(values):
         raise InferenceError(f"vLLM returned {len(ids)} tokens but {len(values)} logprobs")
     return GeneratedSequence([int(i) for i in ids], values, str(reason), choice.get("text"))
+
+
+def parse_prompt_logprobs(entries: Any, input_ids: list[int]) -> list[list[tuple[int, float]]]:
+    """vLLM's ``prompt_logprobs`` (``[null, {"id": {"logprob": x, ...}}, ...]``) as, per
+    position, the prompt token's (id, logprob) then the other top-k entries.
+
+    >>> parse_prompt_logprobs([None, {"9": {"logprob": -0.1}, "7": {"logprob": -0.5}}], [5, 7])
+    [[], [(7, -0.5), (9, -0.1)]]
+    """
+    out: list[list[tuple[int, float]]] = []
+    try:
+        for index, token in enumerate(input_ids):
+            entry = entries[index]
+            if not entry:
+                out.append([])
+                continue
+            scored = {int(k): float(v["logprob"] if isinstance(v, dict) else v)
+                      for k, v in entry.items()}  # fmt: skip
+            others = [(k, v) for k, v in scored.items() if k != token]
+            out.append([(token, scored[token]), *others] if token in scored else others)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise InferenceError(f"vLLM prompt_logprobs are malformed: {str(entries)[:200]}") from exc
+    return out
 
 
 class VLLMServer(OpenAIServer):
@@ -49,10 +99,22 @@ class VLLMServer(OpenAIServer):
         )
         return await self.timed(split, self._generate(body, n))
 
+    async def prompt_logprobs(
+        self, input_ids: list[int], top_k: int
+    ) -> list[list[tuple[int, float]]]:
+        body = {"model": self.config.model_name, "prompt": input_ids, "max_tokens": 1,
+                "temperature": 0.0, "prompt_logprobs": top_k}  # fmt: skip
+        data = await self.post_json(f"{self.base_url}/completions", body)
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not choices or not isinstance(choices[0], dict):
+            raise InferenceError(f"vLLM returned no choice for prompt logprobs: {str(data)[:200]}")
+        return parse_prompt_logprobs(choices[0].get("prompt_logprobs"), input_ids)
+
     async def _generate(self, body: dict[str, Any], n: int) -> list[GeneratedSequence]:
         data = await self.post_json(f"{self.base_url}/completions", body)
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != n:
             raise InferenceError(f"vLLM returned {len(choices or [])} choices, asked for {n}")
         ordered = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
-        return [parse_vllm_choice(choice) for choice in ordered]
+        prompt = body["prompt"]
+        return [parse_vllm_choice(choice, prompt) for choice in ordered]

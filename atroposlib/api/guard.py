@@ -1,0 +1,138 @@
+"""Refuse what a web browser sends on another site's behalf: CSRF and DNS rebinding.
+
+Without an API key, any page a user visits could make their browser call the broker on
+localhost (an ``<img src=".../reset_data">`` wipes the queue), and a domain that resolves to
+127.0.0.1 turns such calls into same-origin ones. Browsers mark both: ``Sec-Fetch-Site`` and
+``Origin`` name the calling site, ``Host`` the name the page used. Trainers, environments and
+tools (Atropos's included) send neither of the first two and reach a broker bound to loopback
+by an IP address, ``localhost`` or this machine's name, so they pass untouched. With an API key
+a browser cannot send the key on another site's behalf, and nothing here applies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from atroposlib.api.settings import BrokerSettings
+
+logger = logging.getLogger(__name__)
+
+_FOREIGN_FETCH = frozenset(("cross-site", "same-site"))  # same-site: another port, same host
+_VERDICTS_KEPT = 256  # Host values remembered (a client uses one or two)
+
+
+def _hostname(authority: str) -> str:
+    """``host[:port]`` (or ``[v6]:port``) -> lower-case host without brackets or port."""
+    authority = authority.strip().lower()
+    if authority.startswith("["):
+        return authority[1 : authority.find("]")] if "]" in authority else authority
+    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback(host: str) -> bool:
+    name = _hostname(host)
+    return name == "localhost" or (_is_ip(name) and ipaddress.ip_address(name).is_loopback)
+
+
+def machine_names() -> set[str]:
+    """This machine's names (short and qualified), as clients on a cluster use them."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    return {n.lower() for name in names for n in (name, name.split(".")[0]) if n}
+
+
+class BrowserGuard:
+    """Decides, from a request's headers alone, whether a browser sent it for another site."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.enabled = settings.api_key is None
+        allowed = settings.allowed_hosts
+        # Bound to a network address, the broker is open to that network anyway (with
+        # docker/k8s service names in Host): there --api-key is the protection.
+        self._any_host = "*" in allowed or not _is_loopback(settings.host)
+        self._hosts = {h.lower() for h in allowed} | machine_names() | {_hostname(settings.host)}
+        self._origins = {origin.rstrip("/").lower() for origin in settings.cors_origins}
+        self._host_verdicts: dict[str, bool] = {}
+
+    def _host_ok(self, host: str) -> bool:
+        known = self._host_verdicts.get(host)
+        if known is not None:
+            return known
+        name = _hostname(host)
+        verdict = (
+            self._any_host
+            or name in self._hosts
+            or name == "localhost"
+            or name.endswith(".localhost")
+            or _is_ip(name)
+        )
+        if len(self._host_verdicts) < _VERDICTS_KEPT:
+            self._host_verdicts[host] = verdict
+        return verdict
+
+    def refusal(self, headers: Mapping[str, str]) -> str | None:
+        """Why the request is refused (lower-case ``headers``); None when it may go on."""
+        if not self.enabled:
+            return None
+        host = headers.get("host", "")
+        if host and not self._host_ok(host):
+            return (
+                f"Host {host[:100]!r} is not a name of this broker (a DNS-rebinding page?); "
+                "reach it by IP address, localhost or this machine's name, or add the name "
+                "to --allowed-hosts"
+            )
+        origin = headers.get("origin")
+        if origin is not None and origin.rstrip("/").lower() not in self._origins:
+            if urlsplit(origin).netloc.lower() != host.lower() or not host:
+                return (
+                    f"cross-site request from {origin[:100]!r} refused; list the origin in "
+                    "--cors-origins or set --api-key"
+                )
+        elif headers.get("sec-fetch-site", "").lower() in _FOREIGN_FETCH and origin is None:
+            return "cross-site request from a web page refused; set --api-key to share the broker"
+        return None
+
+
+class BrowserGuardMiddleware:
+    """ASGI middleware answering 403 to what :class:`BrowserGuard` refuses."""
+
+    def __init__(self, app: ASGIApp, guard: BrowserGuard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.guard.enabled:
+            headers: dict[str, str] = {}
+            for name, value in scope["headers"]:
+                headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+            refusal = self.guard.refusal(headers)
+            if refusal is not None:
+                logger.warning("%s %s refused: %s", scope["method"], scope["path"], refusal)
+                body = orjson.dumps({"detail": refusal})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 403,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

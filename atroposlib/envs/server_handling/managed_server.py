@@ -1,0 +1,285 @@
+"""Atropos 0.4's ``managed_server`` module: the managed server with tool calls and
+``<think>`` handling, its placeholder twin for OpenAI endpoints, and an AsyncOpenAI adapter.
+
+The token tracking itself is :class:`atroposlib.envs.server_handling.managed.ManagedServer`;
+this module adds what Atropos's chat path did around it: ``tools`` rendered by the chat
+template and tool calls parsed from the reply (``tool_parser="hermes"``), ``<think>`` blocks
+of earlier assistant turns kept through templates that would drop them, ``get_logprobs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+import warnings
+from typing import Any
+
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from atroposlib.envs.server_handling import managed
+from atroposlib.envs.server_handling.managed import SequenceNode
+from atroposlib.envs.server_handling.server_baseline import APIServer
+from atroposlib.errors import ConfigError
+
+__all__ = [
+    "APIServer",
+    "DummyManagedServer",
+    "ManagedServer",
+    "ManagedServerAdapter",
+    "SequenceNode",
+]
+
+ALLOW_DUMMY_VARIABLE = "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER"
+TOOL_PARSERS = ("hermes",)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "__MNGD_THINK__", "__MNGD_ENDTHINK__"
+
+
+def parse_hermes_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content before the first call, OpenAI ``tool_calls``) of ``<tool_call>{json}`` blocks;
+    a block that is not a JSON object with a name is left in the content.
+
+    >>> content, calls = parse_hermes_tool_calls(
+    ...     'Let me check.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    >>> content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    ('Let me check.', [('f', '{"x": 1}')])
+    >>> parse_hermes_tool_calls("<tool_call>{oops}</tool_call>")[1]
+    []
+    """
+    calls = []
+    for block in _TOOL_CALL.findall(text):
+        try:
+            decoded = json.loads(block)
+        except ValueError:
+            continue
+        if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
+            continue
+        arguments = decoded.get("arguments", {})
+        calls.append({
+            "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": decoded["name"], "arguments": arguments if isinstance(
+                arguments, str) else json.dumps(arguments)},
+        })  # fmt: skip
+    if not calls:
+        return text, []
+    content = text[: text.find("<tool_call>")].strip()
+    return content or None, calls
+
+
+def _tool_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message with ``tool_calls`` rewritten as the raw text the model wrote."""
+    calls = message.get("tool_calls") or []
+    if message.get("role") != "assistant" or not calls:
+        return message
+    blocks = []
+    for call in calls:
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments)
+        call_json = json.dumps({"name": function.get("name"), "arguments": arguments})
+        blocks.append(f"<tool_call>\n{call_json}\n</tool_call>")
+    content = message.get("content") or ""
+    text = "\n".join([content, *blocks] if content else blocks)
+    return {k: v for k, v in {**message, "content": text}.items() if k != "tool_calls"}
+
+
+class ManagedServer(managed.ManagedServer):
+    """``managed.ManagedServer`` with Atropos 0.4's chat options (tools, think blocks)."""
+
+    def __init__(
+        self,
+        manager: Any,
+        tokenizer: Any,
+        tool_parser: str | None = None,
+        preserve_think_blocks: bool = False,
+    ) -> None:
+        super().__init__(manager, tokenizer)
+        if tool_parser is not None and tool_parser not in TOOL_PARSERS:
+            warnings.warn(
+                f"tool_parser {tool_parser!r} is not available (we have {list(TOOL_PARSERS)}); "
+                "tool calls are not parsed",
+                stacklevel=2,
+            )
+            tool_parser = None
+        self._tool_parser_name = tool_parser
+        self._preserve_think_blocks = preserve_think_blocks
+
+    @property
+    def current_nodes(self) -> list[SequenceNode]:
+        """Atropos's name for the tracked nodes."""
+        return self.nodes
+
+    def render_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        """The chat template's prompt; a generation prompt unless the last turn is the
+        assistant's own (then it is continued)."""
+        if tools and self._tool_parser_name:
+            messages = [_tool_calls_as_text(m) for m in messages]
+        if not self._preserve_think_blocks:
+            messages = [_protect_think(m) for m in messages]
+        options: dict[str, Any] = {"tokenize": False}
+        options["add_generation_prompt"] = not messages or messages[-1].get("role") != "assistant"
+        if tools:
+            options["tools"] = tools
+        prompt = str(self.tokenizer.apply_chat_template(messages, **options))
+        return prompt.replace(_THINK_OPEN, "<think>").replace(_THINK_CLOSE, "</think>")
+
+    async def chat_completion(
+        self,
+        *,
+        messages: list[dict[str, Any]],
+        n: int = 1,
+        tools: Any = None,
+        tool_choice: Any = None,
+        **sampling: Any,
+    ) -> ChatCompletion:
+        prompt = self.render_prompt(messages, tools)
+        sequences = await self._extend(prompt, n, sampling)
+        parse = bool(tools) and self._tool_parser_name is not None and tool_choice != "none"
+        choices = []
+        for index, (node, (text, reason)) in enumerate(
+            zip(self.nodes[-len(sequences) :], sequences, strict=True)
+        ):
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish = managed._openai_reason(reason)
+            if parse:
+                content, calls = parse_hermes_tool_calls(node.full_text[len(prompt) :])
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    finish = "tool_calls"
+            choices.append({"index": index, "message": message, "finish_reason": finish})
+        return ChatCompletion.model_validate(managed._envelope("chat.completion", choices))
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt logprobs of ``input_ids``, ``prompt`` or ``messages`` (see APIServer)."""
+        messages = kwargs.pop("messages", None)
+        if messages is not None:
+            kwargs["prompt"] = self.render_prompt(messages)
+        if "input_ids" not in kwargs and "prompt" in kwargs:
+            kwargs["input_ids"] = list(
+                self.tokenizer.encode(kwargs.pop("prompt"), add_special_tokens=False)
+            )
+        result: dict[str, Any] = await self.manager.get_logprobs(**kwargs)
+        return result
+
+
+def _protect_think(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if (
+        message.get("role") != "assistant"
+        or not isinstance(content, str)
+        or "<think>" not in content
+    ):
+        return message
+    return {**message, "content": content.replace("<think>", _THINK_OPEN).replace(
+        "</think>", _THINK_CLOSE)}  # fmt: skip
+
+
+class DummyManagedServer:
+    """For endpoints without token ids (OpenAI): real replies, placeholder tokens.
+
+    Every node has tokens 0..127, the first masked, logprobs -0.5 and
+    ``metadata["dummy_tokens"] = True``: fine for evaluation, never for training.
+    """
+
+    DUMMY_TOKENS = list(range(128))
+    DUMMY_MASKED_TOKENS = [-100, *range(1, 128)]
+    DUMMY_LOGPROBS = [-0.5] * 128
+
+    def __init__(self, server: Any, tokenizer: Any = None, track_tree: bool = False) -> None:
+        self.server = server
+        self.track_tree = track_tree
+        self.current_nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
+
+    def _track(self, full_text: str, reason: str | None) -> None:
+        node = SequenceNode(
+            full_text=full_text, tokens=self.DUMMY_TOKENS, masked_tokens=self.DUMMY_MASKED_TOKENS,
+            logprobs=self.DUMMY_LOGPROBS,
+            metadata={"finish_reason": reason or "stop", "dummy_tokens": True},
+        )  # fmt: skip
+        if self.track_tree:
+            self.sequences[full_text] = node
+        else:
+            self.current_nodes.append(node)
+
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        response: ChatCompletion = await self.server.chat_completion(**kwargs)
+        history = "\n\n".join(f"{m['role']}:{m['content']}" for m in kwargs.get("messages", []))
+        for choice in response.choices:
+            reply = f"assistant:{choice.message.content or ''}"
+            self._track(f"{history}\n\n{reply}" if history else reply, choice.finish_reason)
+        return response
+
+    async def completion(self, **kwargs: Any) -> Completion:
+        response: Completion = await self.server.completion(**kwargs)
+        for choice in response.choices:
+            self._track(f"{kwargs.get('prompt', '')}{choice.text or ''}", choice.finish_reason)
+        return response
+
+    def get_state(self) -> dict[str, Any]:
+        if self.track_tree:
+            return {"sequences": dict(self.sequences), "tree": dict(self.sequences)}
+        return {"nodes": list(self.current_nodes)}
+
+    def reset(self) -> None:
+        self.current_nodes.clear()
+        self.sequences.clear()
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        raise NotImplementedError("placeholder managed servers have no prompt logprobs; "
+                                  "use server_type vllm, sglang or embedded")  # fmt: skip
+
+
+class TokenIdsUnavailableError(ConfigError, NotImplementedError):
+    """managed_server() on a server without token ids (Atropos raised NotImplementedError)."""
+
+
+def dummy_or_refuse(manager: Any, server: APIServer) -> DummyManagedServer:
+    """The placeholder managed server when ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER`` is set."""
+    if os.environ.get(ALLOW_DUMMY_VARIABLE, "").lower() not in ("1", "true", "yes"):
+        raise TokenIdsUnavailableError(
+            f"managed_server() needs token ids and logprobs, which server_type "
+            f"{server.config.server_type!r} does not return: set --openai.server_type to "
+            f"vllm, sglang or embedded, or export {ALLOW_DUMMY_VARIABLE}=1 for placeholder "
+            "tokens (evaluation only, not for training)"
+        )
+    warnings.warn("managed_server() on an endpoint without token ids: placeholder tokens and "
+                  "logprobs, not suitable for training", stacklevel=3)  # fmt: skip
+    return DummyManagedServer(manager)
+
+
+class ManagedServerAdapter:
+    """A managed server seen as an ``AsyncOpenAI`` client (``client.chat.completions.create``)
+    for libraries that want one; tokens are still tracked."""
+
+    def __init__(self, managed_server: Any, base_url: str) -> None:
+        self._managed = managed_server
+        self.base_url = base_url
+        self.chat = _Namespace(completions=_Creator(managed_server.chat_completion))
+        self.completions = _Creator(managed_server.completion)
+
+    async def post(self, path: str, body: dict[str, Any], cast_to: type) -> Any:
+        raise NotImplementedError(f"ManagedServerAdapter cannot post to {path!r}; "
+                                  "use chat.completions.create")  # fmt: skip
+
+    def copy(self, **kwargs: Any) -> Any:
+        raise NotImplementedError("ManagedServerAdapter cannot be copied")
+
+
+class _Creator:
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def create(self, **kwargs: Any) -> Any:
+        return await self._call(**kwargs)
+
+
+class _Namespace:
+    def __init__(self, **members: Any) -> None:
+        self.__dict__.update(members)

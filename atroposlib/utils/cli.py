@@ -1,0 +1,136 @@
+"""The shared shell of every command line: one-line errors and one default per option.
+
+Every CLI (``atropos-local``, ``run-api``, ``atropos-grpo``, ``atropos-inference``, the env
+``serve/process/evaluate`` commands, the export and viewer tools) reports a bad value the same
+way, on one line, and exits with status 2::
+
+    atropos-local: error: --steps: input should be a valid integer, got 'abc'
+
+``settings_cli_source`` builds the pydantic-settings command-line source those CLIs parse with:
+errors are raised (not printed with a usage dump) and ``--help`` shows one default per option.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsError
+
+FlagName = Callable[[Sequence[str]], str]
+
+# pydantic's own wording ends some messages with a detail the value already shows
+_PARSING_DETAIL = re.compile(r", unable to (?:parse|interpret) .*$")
+_AUTO_DEFAULT = re.compile(r"\s*\(default(?: factory)?: [^()]*(?:\([^()]*\)[^()]*)*\)\s*$")
+
+
+def kebab_flag(loc: Sequence[str]) -> str:
+    """``("max_token_len",)`` -> ``--max-token-len``."""
+    return "--" + ".".join(part.replace("_", "-") for part in loc)
+
+
+def snake_flag(loc: Sequence[str]) -> str:
+    """``("env", "group_size")`` -> ``--env.group_size``."""
+    return "--" + ".".join(loc)
+
+
+def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag) -> str:
+    """The first error as ``--field: reason, got 'value'`` (``(+N more)`` when there are more).
+
+    >>> from pydantic import BaseModel, Field
+    >>> class Run(BaseModel):
+    ...     steps: int = Field(gt=0)
+    >>> try:
+    ...     Run(steps="abc")
+    ... except ValidationError as err:
+    ...     print(describe_validation_error(err))
+    --steps: input should be a valid integer, got 'abc'
+    >>> try:
+    ...     Run(steps="-5")
+    ... except ValidationError as err:
+    ...     print(describe_validation_error(err))
+    --steps: input should be greater than 0, got '-5'
+    """
+    errors = err.errors()
+    given = [e for e in errors if e["type"] != "missing"]
+    first = (given or errors)[0]  # a bad value given beats a flag left out
+    loc = [str(part) for part in first["loc"] if not isinstance(part, int)]
+    custom = first["type"] in ("value_error", "assertion_error")
+    message = str(first["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not custom:
+        message = _PARSING_DETAIL.sub("", message)
+        message = message[:1].lower() + message[1:]
+        value = first.get("input")
+        if first["type"] != "missing" and loc and not isinstance(value, dict | list):
+            message += f", got {value!r}"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{flag(loc)}: {message}{more}" if loc else f"{message}{more}"
+
+
+def describe_settings_error(err: SettingsError) -> str:
+    """pydantic-settings' parse errors (unknown flag, bad JSON) as one line."""
+    text = " ".join(str(err).removeprefix("error parsing CLI: ").split())
+    return f"{text} (see --help)"
+
+
+def describe(err: ValidationError | SettingsError, flag: FlagName = kebab_flag) -> str:
+    if isinstance(err, ValidationError):
+        return describe_validation_error(err, flag)
+    cause = err.__cause__ or err.__context__
+    if isinstance(cause, ValidationError):
+        return describe_validation_error(cause, flag)
+    return describe_settings_error(err)
+
+
+def configure_logging(level: int | str = logging.INFO) -> None:
+    """Log lines with time, level and logger; HTTP clients' per-request lines only as DEBUG."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
+def exit_with_error(prog: str, message: str, status: int = 2) -> NoReturn:
+    """``prog: error: message`` on stderr, then exit (2: a bad command line)."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    raise SystemExit(status)
+
+
+def one_default(help_text: str) -> str:
+    """Drop the default pydantic-settings appends when the description already states one.
+
+    >>> one_default("Run folder (default: runs/<date>). (default: null)")
+    'Run folder (default: runs/<date>).'
+    >>> one_default("Trainer optimizer steps. (default: 40)")
+    'Trainer optimizer steps. (default: 40)'
+    """
+    described = _AUTO_DEFAULT.sub("", help_text)
+    if described != help_text and "default" in described.lower():
+        return described
+    return help_text
+
+
+def add_argument_one_default(parser: Any, *names: str, **kwargs: Any) -> Any:
+    """``parser.add_argument`` with ``one_default`` applied to the help text."""
+    if isinstance(kwargs.get("help"), str):
+        kwargs["help"] = one_default(kwargs["help"])
+    return parser.add_argument(*names, **kwargs)
+
+
+def settings_cli_source(
+    settings_cls: type[BaseSettings], argv: Sequence[str], prog: str, **options: Any
+) -> CliSettingsSource[Any]:
+    """The command-line source of ``settings_cls`` for ``argv``: raises ``SettingsError``
+    instead of printing usage, one default per option in ``--help``."""
+    return CliSettingsSource(
+        settings_cls,
+        cli_parse_args=list(argv),
+        cli_prog_name=prog,
+        cli_exit_on_error=False,
+        add_argument_method=add_argument_one_default,
+        **{"cli_hide_none_type": True, **options},
+    )

@@ -1,0 +1,175 @@
+"""``process`` keeps going past failing items, skips malformed groups, writes Atropos's keys,
+and exits non-zero with one line when it could write nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from envs_testlib import child_env
+
+from atroposlib.envs import modes
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+
+ATROPOS_KEYS = {
+    "tokens",
+    "masks",
+    "scores",
+    "ref_logprobs",
+    "overrides",
+    "group_overrides",
+    "distill_token_ids",
+    "distill_logprobs",
+    "messages",
+}
+
+
+def good_group(seed: int) -> ScoredDataGroup:
+    return {
+        "tokens": [[1, seed], [1, seed + 1]],
+        "masks": [[-100, seed], [-100, seed + 1]],
+        "scores": [1.0, 0.0],
+    }
+
+
+class ScriptedEnv(BaseEnv):
+    """Items 0..n; ``plan[item]`` is a list of outcomes, one per attempt (last one repeats)."""
+
+    name = "scripted"
+
+    def __init__(self, config: BaseEnvConfig, plan: dict[int, list[Any]], items: int) -> None:
+        super().__init__(config, [], testing=True)
+        self.plan, self.items, self.calls = plan, items, []
+        self.next = 0
+
+    async def get_next_item(self) -> Any:
+        if self.next >= self.items:
+            return None
+        self.next += 1
+        return {"id": self.next - 1}
+
+    async def collect_trajectories(self, item: Any) -> tuple[Any, list[Any]]:
+        key = item["id"]
+        self.calls.append(key)
+        outcomes = self.plan.get(key, ["good"])
+        outcome = outcomes[min(self.calls.count(key) - 1, len(outcomes) - 1)]
+        if outcome == "raise":
+            raise RuntimeError(f"env bug on item {key}")
+        if outcome == "good":
+            return good_group(10 * key), []
+        return outcome, []
+
+
+def make_env(tmp_path: Path, plan: dict[int, list[Any]], items: int, total: int) -> ScriptedEnv:
+    config = BaseEnvConfig(
+        group_size=2,
+        total_steps=total,
+        use_wandb=False,
+        ensure_scores_are_not_same=False,
+        max_num_workers=2,
+        data_path_to_save_groups=str(tmp_path / "groups.jsonl"),
+    )
+    return ScriptedEnv(config, plan, items)
+
+
+def rows(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+
+
+async def test_failing_items_are_retried_then_given_up_and_the_run_still_reaches_total_steps(
+    tmp_path: Path,
+) -> None:
+    plan = {0: ["raise", "good"], 1: ["raise"], 2: [None, None, "good"]}
+    env = make_env(tmp_path, plan, items=10, total=4)
+    written = await modes.process(env)
+    assert len(written) == 4 and len(rows(tmp_path)) == 4
+    assert env.calls.count(0) == 2 and env.calls.count(2) == 3
+    assert env.calls.count(1) == modes.ATTEMPTS_PER_ITEM  # given up, not retried forever
+    assert sorted(r["tokens"][0][1] for r in rows(tmp_path)) == [0, 20, 30, 40]
+
+
+async def test_malformed_groups_are_logged_with_their_item_and_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    malformed = [
+        "not a group",
+        {"tokens": "x", "masks": [], "scores": []},
+        {"tokens": [[1], 7], "masks": [[1], [1]], "scores": [0.0, 1.0]},
+        good_group(5),
+    ]
+    env = make_env(tmp_path, {0: [malformed]}, items=1, total=1)
+    with caplog.at_level(logging.WARNING):
+        await modes.process(env)
+    assert [r["tokens"] for r in rows(tmp_path)] == [good_group(5)["tokens"]]
+    rejected = [r.getMessage() for r in caplog.records if "group not sent" in r.getMessage()]
+    assert len(rejected) == 3 and all("malformed group" in m and "'id': 0" in m for m in rejected)
+
+
+async def test_process_writes_groups_with_nothing_to_train_as_atropos_did(tmp_path: Path) -> None:
+    untrainable = {"tokens": [[1, 2], [1, 3]], "masks": [[-100, -100], [-100, -100]],
+                   "scores": [0.0, 1.0]}  # fmt: skip
+    env = make_env(tmp_path, {0: [untrainable]}, items=1, total=1)
+    await modes.process(env)
+    assert rows(tmp_path)[0]["masks"] == untrainable["masks"]
+    assert env.accept_groups(untrainable) == []  # serve still refuses to send it
+
+
+async def test_rows_carry_atropos_keys_with_nulls(tmp_path: Path) -> None:
+    env = make_env(tmp_path, {}, items=3, total=2)
+    await modes.process(env)
+    for row in rows(tmp_path):
+        assert ATROPOS_KEYS <= set(row)
+        assert row["ref_logprobs"] is None and row["distill_logprobs"] is None
+
+
+ALWAYS_FAILS = """
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+
+class Broken(BaseEnv):
+    name = "broken"
+
+    @classmethod
+    def config_init(cls):
+        return BaseEnvConfig(group_size=2, use_wandb=False), []
+
+    async def get_next_item(self):
+        return {"q": 1}
+
+    async def collect_trajectories(self, item):
+        raise ValueError("dataset row has no answer")
+
+if __name__ == "__main__":
+    Broken.cli()
+"""
+
+
+@pytest.mark.slow
+def test_nothing_written_exits_non_zero_with_one_line_saying_why(tmp_path: Path) -> None:
+    script = tmp_path / "broken_env.py"
+    script.write_text(textwrap.dedent(ALWAYS_FAILS))
+    out = tmp_path / "out.jsonl"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "process",
+            "--testing",
+            f"--env.data_path_to_save_groups={out}",
+        ],
+        env=child_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: process wrote no group:"), last
+    assert "ValueError in collect_trajectories: dataset row has no answer" in last
+    assert not out.exists()

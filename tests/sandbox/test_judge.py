@@ -1,0 +1,171 @@
+"""Tests judged outside the program: plain values cross, behaviour does not; failures are
+per test; the sandbox's own failures raise instead of scoring; stdin/stdout runs and seeds."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from atroposlib.errors import SandboxError
+from atroposlib.sandbox import SandboxLimits, SandboxStatus, _wire, run_io, run_python, runner
+
+FAST = SandboxLimits(cpu_seconds=2, wall_seconds=8, test_seconds=1)
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+    | st.binary() | st.complex_numbers(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.frozensets(st.integers() | st.text(), max_size=3)
+    | st.dictionaries(st.integers() | st.text() | st.tuples(st.integers()), inner, max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@given(plain)
+def test_plain_values_round_trip_exactly(value: object) -> None:
+    back = _wire.from_plain(_wire.loads(_wire.dumps({"v": _wire.to_plain(value)}))["v"])
+    assert back == value and type(back) is type(value)
+
+
+def test_big_ints_nan_and_negative_zero_cross() -> None:
+    for value in (2**200, -(3**500), math.inf):
+        assert _wire.from_plain(_wire.to_plain(value)) == value
+    assert math.isnan(_wire.from_plain(_wire.loads(_wire.dumps({"v": math.nan}))["v"]))
+    assert math.copysign(1, _wire.from_plain(_wire.to_plain(-0.0))) == -1
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"t": "evil", "v": []}, {"t": "tuple", "v": "x"}, {"t": "dict", "v": [[1]]}, {"x": 1},
+     {"t": "int", "v": 5}, {"t": "tuple", "v": [], "extra": 1}],
+)  # fmt: skip
+def test_malformed_values_are_refused(data: object) -> None:
+    with pytest.raises(_wire.WireError):
+        _wire.from_plain(data)
+
+
+def test_objects_with_behaviour_cannot_cross() -> None:
+    class Anything:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    with pytest.raises(TypeError, match="Anything cannot cross"):
+        _wire.to_plain([1, Anything()])
+
+
+def test_returned_containers_exceptions_and_mutations_behave_as_in_process() -> None:
+    code = textwrap.dedent("""
+        def pair(x):
+            return (x, {x}, {"k": [x]}, 2**100, float("nan"), b"b", None)
+        def fail(kind):
+            kinds = {"value": ValueError, "custom": type("Odd", (Exception,), {})}
+            raise kinds[kind]("no")
+        def sort_in_place(items):
+            items.sort()
+        print("top level ran")
+        """)  # fmt: skip
+    tests = [
+        "a, b, c, d, e, f, g = pair(3)\n"
+        "assert (a, b, c, d, f, g) == (3, {3}, {'k': [3]}, 2**100, b'b', None) and e != e",
+        "assert type(pair(1)) is tuple and type(pair(1)[1]) is set",
+        "try:\n    fail('value')\nexcept ValueError as error:\n    assert str(error) == 'no'\n"
+        "else:\n    raise AssertionError",
+        "try:\n    fail('custom')\nexcept Exception as error:\n    assert 'Odd' in str(error)",
+        "items = [3, 1, 2]\nsort_in_place(items)\nassert items == [1, 2, 3]",
+        "assert pair(1) == (1,)",  # a wrong assertion still fails
+        "missing_function(1)",
+    ]  # fmt: skip
+    result = run_python(code, tests=tests, limits=FAST)
+    assert result.status is SandboxStatus.OK
+    assert result.tests_passed == [True, True, True, True, True, False, False]
+    assert result.stdout == "top level ran\n"
+
+
+def test_a_hanging_or_crashing_call_fails_only_its_test() -> None:
+    code = textwrap.dedent("""
+        import os
+        def f(x):
+            if x == 1:
+                while True:
+                    pass
+            if x == 2:
+                os._exit(9)
+            return x * 10
+        """)
+    tests = ["assert f(0) == 0", "assert f(1) == 10", "assert f(3) == 30",
+             "assert f(2) == 20", "assert f(4) == 40"]  # fmt: skip
+    result = run_python(code, tests=tests, limits=FAST)
+    assert result.status is SandboxStatus.OK
+    assert result.tests_passed == [True, False, True, False, True]
+
+
+def test_trusted_setup_and_solution_names() -> None:
+    """The setup's helper is the judge's own; the name under test always the program's."""
+    setup = "def helper(x):\n    return x + 1\ndef solve(x):\n    '''stub'''\n"
+    code = "def helper(x):\n    return 0\ndef solve(x):\n    return x + 1"
+    result = run_python(code, tests=["assert solve(2) == helper(2)"], test_setup=setup,
+                        solution_names=["solve"], limits=FAST)  # fmt: skip
+    assert result.tests_passed == [True]
+    wrong = run_python("def solve(x):\n    return 0", tests=["assert solve(2) == helper(2)"],
+                       test_setup=setup, solution_names=["solve"], limits=FAST)  # fmt: skip
+    assert wrong.tests_passed == [False]
+
+
+def test_program_failing_at_top_level_fails_every_test() -> None:
+    result = run_python("raise RuntimeError('x')", tests=["assert True", "assert 1"], limits=FAST)
+    assert result.status is SandboxStatus.RUNTIME_ERROR
+    assert result.tests_passed == [False, False]
+
+
+def test_whole_run_over_its_wall_time_is_a_timeout() -> None:
+    limits = FAST.model_copy(update={"wall_seconds": 2, "test_seconds": 1.5})
+    code = "import time\ndef slow():\n    time.sleep(1.2)\n    return 1"
+    result = run_python(code, tests=["assert slow() == 1"] * 4, limits=limits)
+    assert result.status is SandboxStatus.TIMEOUT
+    assert result.tests_passed[0] is True and result.tests_passed[-1] is False
+
+
+def test_io_runs_each_input_in_its_own_process() -> None:
+    code = "import os\nprint(int(input()) * 2, os.getpid())"
+    runs = run_io(code, ["1\n", "21\n"], limits=FAST)
+    assert [run.stdout.split()[0] for run in runs] == ["2", "42"]
+    assert all(run.status is SandboxStatus.OK for run in runs)
+
+
+def test_hash_seed_fixes_set_order_and_varies_between_seeds() -> None:
+    code = "print(list({str(i) for i in range(30)}))"
+    same = {run_python(code, hash_seed=7, limits=FAST).stdout for _ in range(2)}
+    assert len(same) == 1
+    varied = {run_python(code, hash_seed=seed, limits=FAST).stdout for seed in range(1, 5)}
+    assert len(varied) > 1
+
+
+def test_sandbox_that_cannot_start_raises_instead_of_scoring(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.setattr(runner, "_SUPERVISOR", runner._SUPERVISOR.with_name("missing.py"))
+    with pytest.raises(SandboxError, match="supervisor failed"):
+        run_python("print(1)", limits=FAST)
+
+
+def test_a_solution_name_that_shadows_a_builtin_is_the_programs() -> None:
+    """MBPP-style ``def max(...)``: the test must call the reply's, not the builtin."""
+    wrong = "def max(a, b):\n    return a"
+    tests = ["assert max(1, 2) == 2"]
+    result = run_python(wrong, tests=tests, solution_names=["max"], limits=FAST)
+    assert result.tests_passed == [False]
+    right = "def max(a, b):\n    return a if a > b else b"
+    result = run_python(right, tests=tests, solution_names=["max"], limits=FAST)
+    assert result.tests_passed == [True]
+
+
+def test_code_too_deeply_nested_to_compile_is_the_programs_syntax_error() -> None:
+    """Not a sandbox failure: that would drop the group instead of penalising the reply."""
+    for program in ("x = 1" + " + 1" * 200_000, "x = " + "-" * 100_000 + "1"):
+        result = run_python(program, tests=["assert x"], limits=FAST)  # RecursionError, MemoryError
+        assert result.status is SandboxStatus.SYNTAX_ERROR
+        assert result.tests_passed == [False]
