@@ -104,7 +104,7 @@ def test_verifiers_single_turn_process_scores_with_its_rubric(
     for group in groups:
         question = group["messages"][0][-2]["content"]
         answer = str(int(question.split()[2]) + 2)
-        for index, extra in enumerate(group["overrides"]):
+        for index, extra in enumerate(group["extra"]):
             [reply] = [text.strip() for text in replies(group, index)]  # as trace.last_reply
             expected = {"correct_answer": rubric.correct(reply, answer),
                         "short_answer": rubric.brevity(reply)}  # fmt: skip
@@ -120,7 +120,7 @@ def test_verifiers_multi_turn_process_scores_every_turn(
     groups = run_process(VERIFIERS_SCRIPT, flags, tmp_path, adapter_env(vf_envs))
     scorer = import_vf_env(vf_envs, "vf_say")
     for group in groups:
-        for index, extra in enumerate(group["overrides"]):
+        for index, extra in enumerate(group["extra"]):
             users = [m["content"] for m in group["messages"][index] if m["role"] == "user"]
             numbers = [int(text.split()[-1].rstrip(".")) for text in users]
             assert len(replies(group, index)) == 2 and extra["vf_metrics"] == {"turns": 2.0}
@@ -136,7 +136,7 @@ def test_openenv_process_scores_with_the_servers_rewards(
              "--env.max_completion_tokens=8"]  # fmt: skip
     groups = run_process(OPENENV_SCRIPT, flags, tmp_path, child_env())
     for group in groups:
-        for index, extra in enumerate(group["overrides"]):
+        for index, extra in enumerate(group["extra"]):
             secret = random.Random(extra["openenv_seed"]).randrange(10)
             said = replies(group, index)
             assert 1 <= extra["openenv_steps"] == len(said) <= MAX_GUESSES

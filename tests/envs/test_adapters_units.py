@@ -11,9 +11,10 @@ from adapters_testlib import GUESS_SERVER, write_vf_envs
 from envs_testlib import tokenizer_path
 
 from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv, failure_cause
-from atroposlib.envs.adapters.tokens import ChatTokens
+from atroposlib.envs.adapters.chat import template_messages
 from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, GeneratedSequence
+from atroposlib.envs.trajectory import ChatTemplate
 from atroposlib.errors import ConfigError, InferenceUnavailableError
 
 EMBEDDED = [APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="embedded")]
@@ -38,23 +39,21 @@ class ScriptedTokens:
         self.calls += 1
         if self.error is not None:
             raise self.error
-        return [GeneratedSequence(list(self.ids), [-0.5] * len(self.ids), "stop")] * n
-
-
-def test_continuation_equals_the_template_of_the_whole_chat(tokenizer: Any) -> None:
-    chat = ChatTokens(tokenizer)
-    first = [{"role": "user", "content": "Hi"}]
-    reply = [*tokenizer.encode("Hello there", add_special_tokens=False), tokenizer.eos_token_id]
-    new = [{"role": "user", "content": "Again?"}]
-    history = [*first, {"role": "assistant", "content": "Hello there"}]
-    ids = chat.prompt_ids(first) + reply + chat.continuation_ids(history, new, reply[-1])
-    assert ids == chat.prompt_ids([*history, *new])
+        return [GeneratedSequence(list(self.ids), [-0.5] * len(self.ids), "stop", None, 3)] * n
 
 
 def test_tools_go_to_the_system_prompt_when_the_template_has_no_tools(tokenizer: Any) -> None:
-    chat = ChatTokens(tokenizer)
+    template = ChatTemplate(tokenizer)
     tool = {"name": "lookup", "description": "Look up a fact.", "parameters": {}}
-    text = tokenizer.decode(chat.prompt_ids([{"role": "user", "content": "x"}], [tool]))
+    asked = {"role": "assistant", "content": [{"type": "text", "text": "Let me see."}],
+             "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": "{}"}}]}
+    chat, tools = template_messages(template, [{"role": "user", "content": "x"}, asked], [tool])
+    assert tools is None and not template.renders_tools
+    assert chat[0]["role"] == "system" and '"name": "lookup"' in chat[0]["content"]
+    assert chat[2]["content"] == (
+        'Let me see.\n<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>'
+    )
+    text = tokenizer.decode(template.prompt_ids(chat))
     assert '"name": "lookup"' in text and "<tool_call>" in text
 
 
@@ -103,10 +102,16 @@ async def test_a_scripted_group_carries_each_reward_function(
     await env.setup()
     env.server.generate = ScriptedTokens(tokenizer, "2").generate  # type: ignore[method-assign]
     [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
-    for score, extra in zip(group["scores"], group["overrides"], strict=True):
+    for score, extra in zip(group["scores"], group["extra"], strict=True):
         rewards = extra["vf_rewards"]
         assert set(rewards) == {"correct_answer", "short_answer"}
         assert score == pytest.approx(rewards["correct_answer"] + 0.5 * rewards["short_answer"])
+    assert group["finish_reasons"] == ["stop", "stop"]
+    assert group["policy_versions"] == [3, 3]  # the engine's weight version, per reply
+    for masks, versions in zip(group["masks"], group["token_policy_versions"], strict=True):
+        assert [v for m, v in zip(masks, versions, strict=True) if m != -100] == [3] * 2
+        assert {v for m, v in zip(masks, versions, strict=True) if m == -100} == {-1}
+    assert group["generation_params"]["temperature"] == 1.0
     await env.server.close()
 
 
@@ -142,7 +147,7 @@ async def test_openenv_server_errors_drop_the_group_by_cause(tokenizer: Any) -> 
         assert env.failures == {"server_error/EXECUTION_ERROR": 1}
         env.server.generate = ScriptedTokens(tokenizer, "7").generate  # type: ignore[method-assign]
         [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
-        assert all(extra["openenv_steps"] >= 1 for extra in group["overrides"])
+        assert all(extra["openenv_steps"] >= 1 for extra in group["extra"])
         env._server_task.cancel()  # the server is gone: the next episode cannot reach it
         await __import__("asyncio").sleep(0.5)
         assert await env.run_item(await env.get_next_item(), max_token_len=-1) == []

@@ -31,17 +31,12 @@ from pydantic import Field
 
 from atroposlib.envs.adapters import local_defaults
 from atroposlib.envs.adapters.openenv_server import LocalServer, hold, wait_healthy
-from atroposlib.envs.adapters.tokens import (
-    ChatTokens,
-    ContextFullError,
-    TokenTrajectory,
-    sample_reply,
-    scored_group,
-)
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.errors import ConfigError, InferenceUnavailableError
-from atroposlib.type_definitions import Item
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.errors import ConfigError, ContextFullError, InferenceUnavailableError
+from atroposlib.group import ScoredData
+from atroposlib.type_definitions import Item, Message
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +141,10 @@ class OpenEnvEnv(BaseEnv):
             self.url = str(config.openenv_url).rstrip("/")
             await wait_healthy(self.url, config.openenv_startup_timeout, None)
         await self._check_action_field()
-        self.chat = ChatTokens(self.tokenizer)
+        self.sampler = self.token_sampler(max_token_length=config.max_token_length)
+        self.greedy_sampler = self.token_sampler(
+            temperature=0.0, max_token_length=config.max_token_length, split="eval"
+        )
         self.rng = random.Random(config.seed)
         self.failures: Counter[str] = Counter()
 
@@ -165,7 +163,7 @@ class OpenEnvEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         return {"seed": self.rng.randrange(2**31)}
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         runs = [self.episode(item["seed"]) for _ in range(self.config.group_size)]
         results = await asyncio.gather(*runs, return_exceptions=True)
         for result in results:
@@ -179,18 +177,15 @@ class OpenEnvEnv(BaseEnv):
         episodes = [r for r in results if not isinstance(r, BaseException)]
         trajectories = [trajectory for trajectory, _, _ in episodes]
         scores = [score for _, score, _ in episodes]
-        overrides = [
-            {"openenv_steps": steps, "openenv_seed": item["seed"]} for *_, steps in episodes
-        ]
-        return scored_group(trajectories, scores, overrides=overrides), []
+        extra = [{"openenv_steps": steps, "openenv_seed": item["seed"]} for *_, steps in episodes]
+        return self.sampler.group(trajectories, scores, extra=extra), []
 
-    async def episode(
-        self, seed: int, *, greedy: bool = False
-    ) -> tuple[TokenTrajectory, float, int]:
-        """One episode from ``reset(seed)``: its token sequence, score and step count."""
+    async def episode(self, seed: int, *, greedy: bool = False) -> tuple[Trajectory, float, int]:
+        """One episode from ``reset(seed)``: its token trajectory, score and step count."""
         from openenv.core.generic_client import GenericEnvClient
 
         config = self.config
+        sampler = self.greedy_sampler if greedy else self.sampler
         rewards: list[float] = []
         client = GenericEnvClient(base_url=self.url, message_timeout_s=config.step_timeout)
         async with client as env:
@@ -198,32 +193,23 @@ class OpenEnvEnv(BaseEnv):
             first = [self._user(result.observation)]
             if config.system_prompt:
                 first.insert(0, {"role": "system", "content": config.system_prompt})
-            trajectory = TokenTrajectory.start(self.chat.prompt_ids(first), first)
+            trajectory = sampler.start(first)
             while not result.done and trajectory.turns < config.max_turns:
                 try:
-                    sample = await sample_reply(
-                        self.server, trajectory.tokens, max_tokens=config.max_completion_tokens,
-                        max_token_length=config.max_token_length,
-                        temperature=0.0 if greedy else config.temperature,
-                        split="eval" if greedy else "train",
-                    )  # fmt: skip
+                    [trajectory] = await sampler.sample(trajectory)
+                    while trajectory.finish_reason == "abort":  # continue the same reply
+                        [trajectory] = await sampler.sample(trajectory)
                 except ContextFullError:
                     break
-                reply = self.chat.text(sample.output_ids)
-                trajectory = trajectory.with_sample(sample, reply)
                 try:
-                    result = await env.step(reply_to_action(reply, config.action_field))
+                    result = await env.step(reply_to_action(trajectory.reply, config.action_field))
                 except (InvalidActionError, RuntimeError) as exc:
                     if isinstance(exc, RuntimeError) and "VALIDATION_ERROR" not in str(exc):
                         raise
                     return trajectory, config.invalid_action_reward, trajectory.turns
                 rewards.append(float(result.reward or 0.0))
                 if not result.done and trajectory.turns < config.max_turns:
-                    new = [self._user(result.observation)]
-                    delta = self.chat.continuation_ids(
-                        trajectory.messages, new, trajectory.last_sampled_id
-                    )
-                    trajectory = trajectory.with_context(delta, new)
+                    trajectory = sampler.add_messages(trajectory, [self._user(result.observation)])
         score = sum(rewards) if config.episode_reward == "sum" else (rewards or [0.0])[-1]
         return trajectory, score, len(rewards)
 
@@ -234,8 +220,8 @@ class OpenEnvEnv(BaseEnv):
                  for i in range(self.config.eval_size)]  # fmt: skip
         runs = [self.episode(seed, greedy=True) for seed in seeds]
         results = await asyncio.gather(*runs, return_exceptions=True)
-        samples = [
-            {"seed": seed, "response": result[0].messages[-1]["content"], "score": result[1],
+        samples: list[dict[str, Any]] = [
+            {"seed": seed, "response": result[0].reply, "score": result[1],
              "steps": result[2]}
             for seed, result in zip(seeds, results, strict=True)
             if not isinstance(result, BaseException)
@@ -245,7 +231,7 @@ class OpenEnvEnv(BaseEnv):
             metrics["eval/reward"] = sum(s["score"] for s in samples) / len(samples)
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
 
-    def _user(self, observation: dict[str, Any]) -> dict[str, Any]:
+    def _user(self, observation: dict[str, Any]) -> Message:
         text = render_observation(observation, self.config.observation_fields)
         return {"role": "user", "content": text}
 

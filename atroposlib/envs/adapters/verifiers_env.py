@@ -23,24 +23,30 @@ import logging
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from atroposlib.envs.adapters import local_defaults
-from atroposlib.envs.adapters.tokens import ChatTokens, TokenTrajectory, scored_group
+from atroposlib.envs.adapters.vf_client import TokenRoute
 from atroposlib.envs.adapters.vf_loader import VerifiersEnvConfig
-from atroposlib.envs.base import BaseEnv, ScoredDataGroup
-from atroposlib.envs.server_handling.managed import PROMPT_LOGPROB
+from atroposlib.envs.base import BaseEnv
+from atroposlib.envs.rollouts import trajectory_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.trajectory import Trajectory
 from atroposlib.errors import ConfigError, InferenceUnavailableError
+from atroposlib.group import NOT_SAMPLED_VERSION, PROMPT_LOGPROB, ScoredData
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
 
 
-def trajectory_from_trace(trace: Any) -> TokenTrajectory:
-    """The trace's one trainable token branch as a sequence (ids exactly as sampled)."""
+def trajectory_from_trace(trace: Any, versions: Sequence[int | None] = ()) -> Trajectory:
+    """The trace's one trainable token branch as a trajectory (ids exactly as sampled).
+
+    ``versions`` are the engine's weight versions of the trace's replies in order (one per
+    sampled node); when they do not line up, the trajectory carries none.
+    """
     from verifiers.v1.dialects.chat import message_to_wire
 
     branches = [branch for branch in trace.branches if branch.trainable]
@@ -50,15 +56,26 @@ def trajectory_from_trace(trace: Any) -> TokenTrajectory:
     tokens, sampled = branch.token_ids, branch.sampled_mask
     if not any(sampled):
         raise ValueError("the trace has no sampled tokens")
-    logprobs = branch.logprobs
+    replies = [node for node in branch.nodes if any(node.mask)]
+    aligned = len(versions) == len(replies) and None not in versions
+    reply_versions = iter(versions if aligned else [NOT_SAMPLED_VERSION] * len(replies))
+    token_versions: list[int] = []
+    for node in branch.nodes:
+        version = next(reply_versions) if any(node.mask) else None
+        version = NOT_SAMPLED_VERSION if version is None else version
+        token_versions += [version if flag else NOT_SAMPLED_VERSION for flag in node.mask]
     finish = branch.calls[-1].finish_reason if branch.calls else None
-    return TokenTrajectory(
+    return Trajectory(
         tokens=list(tokens),
         masks=[t if s else MASK_IGNORE_INDEX for t, s in zip(tokens, sampled, strict=True)],
-        logprobs=[lp if s else PROMPT_LOGPROB for lp, s in zip(logprobs, sampled, strict=True)],
+        logprobs=[
+            lp if s else PROMPT_LOGPROB for lp, s in zip(branch.logprobs, sampled, strict=True)
+        ],
+        versions=token_versions,
         messages=[message_to_wire(m) for m in branch.messages],
         finish_reason="length" if finish == "length" else "stop",
-        turns=sum(1 for node in branch.nodes if node.sampled),
+        reply=str(trace.last_reply or ""),
+        turns=len(replies),
     )
 
 
@@ -86,11 +103,15 @@ class VerifiersEnv(BaseEnv):
         if not any(server.supports_token_ids for server in self.server.servers):
             raise ConfigError("verifiers environments sample token ids: set server_type to "
                               "embedded, sglang or vllm")  # fmt: skip
-        chat = ChatTokens(self.tokenizer)
         self.vf = vf_loader.load(self.config, self.config.vf_args)
         model = self.server.servers[0].config.model_name
-        self.ctx = vf_loader.model_context(self.config, self.server, model, chat, split="train")
-        self.eval_ctx = vf_loader.model_context(self.config, self.server, model, chat, split="eval")
+        contexts = {
+            split: vf_loader.model_context(
+                self.config, self.server, self.tokenizer, model, split=split
+            )
+            for split in ("train", "eval")
+        }
+        self.ctx, self.eval_ctx = contexts["train"], contexts["eval"]
         self.failures: Counter[str] = Counter()
         self.signal_values: dict[str, list[float]] = defaultdict(list)
         self.tasks = self._task_stream()
@@ -112,46 +133,58 @@ class VerifiersEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         return next(self.tasks)
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         runs = [self.vf.run_episode(item, self.ctx) for _ in range(self.config.group_size)]
         episodes = await asyncio.gather(*runs)
-        traces, cause = self._judge(episodes, self.ctx.client.route)
+        lane = self._lane(self.ctx)
+        traces, versions, cause = self._judge(episodes, lane)
         if cause is not None:
             self.failures[cause] += 1
             logger.warning("verifiers group dropped (%s): %s", cause, self._first_error(episodes))
             if cause.startswith("inference"):
                 raise InferenceUnavailableError(f"inference failed during {self.config.vf_env}")
             return None, []
-        trajectories = [trajectory_from_trace(trace) for trace in traces]
+        trajectories = [trajectory_from_trace(t, v) for t, v in zip(traces, versions, strict=True)]
         extras = [signals(trace) for trace in traces]
         for extra in extras:
             for kind, values in extra.items():
                 for name, value in values.items():
                     self.signal_values[f"{kind.removeprefix('vf_')}/{name}"].append(value)
         scores = [float(trace.reward) for trace in traces]
-        return scored_group(trajectories, scores, overrides=extras), []
+        params = lane.sampler.generation_params
+        return trajectory_group(trajectories, scores, generation_params=params, extra=extras), []
 
-    def _judge(self, episodes: list[Any], route_key: str) -> tuple[list[Any], str | None]:
-        """The trace to train per episode, or why the group cannot be posted."""
+    @staticmethod
+    def _lane(ctx: Any) -> TokenRoute:
         from atroposlib.envs.adapters.vf_client import route
 
-        failed = route(route_key).failed_sessions
+        return route(ctx.client.route)
+
+    @staticmethod
+    def _judge(
+        episodes: list[Any], lane: TokenRoute
+    ) -> tuple[list[Any], list[list[int | None]], str | None]:
+        """The trace to train per episode with its replies' weight versions, or why the
+        group cannot be posted. What the client recorded for the episodes is consumed."""
+        every = [trace.id for episode in episodes for trace in episode.traces]
+        broken = [lane.failed_sessions.pop(trace_id, None) for trace_id in every]
+        versions = {trace_id: lane.versions.pop(trace_id, []) for trace_id in every}
+        if any(broken):
+            return [], [], "inference"
         traces: list[Any] = []
         for episode in episodes:
-            if any(failed.pop(trace.id, None) for trace in episode.traces):
-                return [], "inference"
             if not episode.ok:
                 error = episode.last_error or next(
                     (t.last_error for t in episode.traces if t.last_error), None
                 )
-                return [], f"env_error/{error.type if error else 'unknown'}"
+                return [], [], f"env_error/{error.type if error else 'unknown'}"
             trainable = [trace for trace in episode.traces if trace.agent.trainable]
             if len(trainable) != 1:
-                return [], f"unsupported/{len(trainable)}_trainable_traces"
+                return [], [], f"unsupported/{len(trainable)}_trainable_traces"
             if len([b for b in trainable[0].branches if b.trainable]) != 1:
-                return [], "unsupported/forked_trace"
+                return [], [], "unsupported/forked_trace"
             traces.append(trainable[0])
-        return traces, None
+        return traces, [versions[trace.id] for trace in traces], None
 
     @staticmethod
     def _first_error(episodes: list[Any]) -> str:
@@ -171,7 +204,7 @@ class VerifiersEnv(BaseEnv):
         episodes = await asyncio.gather(*(self.vf.run_episode(t, self.eval_ctx) for t in tasks))
         samples, failed = [], 0
         for task, episode in zip(tasks, episodes, strict=True):
-            traces, cause = self._judge([episode], self.eval_ctx.client.route)
+            traces, _, cause = self._judge([episode], self._lane(self.eval_ctx))
             if cause is not None:
                 failed += 1
                 continue

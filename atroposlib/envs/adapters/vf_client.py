@@ -3,8 +3,9 @@
 verifiers (v1) routes every model call of a rollout through its interception server, which
 asks a ``Client`` for a ``Response``; the response's ``TurnTokens`` (prompt ids, completion
 ids, logprobs) become the trace's token graph. ``AtroposClient`` builds the prompt ids with
-``ChatTokens`` (the template once, then per-message deltas after the ids already sampled) and
-samples with ``ServerManager.generate``, so every branch of a trace is exactly the ids sampled.
+the shared ``ChatTemplate`` (the template once, then per-message deltas after the ids already
+sampled) and samples with the env's ``TokenSampler``, so every branch of a trace is exactly
+the ids sampled.
 
 verifiers 0.4 has no plug-in point for clients: ``install()`` wraps its ``resolve_client`` so
 an ``AtroposClientConfig`` resolves to our client and every other config as before.
@@ -12,10 +13,9 @@ an ``AtroposClientConfig`` resolves to our client and every other config as befo
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import uuid
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,28 +36,27 @@ from verifiers.v1.types import (
     Usage,
 )
 
-from atroposlib.envs.adapters.tokens import ChatTokens, ContextFullError, TokenServer, sample_reply
-from atroposlib.errors import InferenceError
+from atroposlib.envs.adapters.chat import template_messages
+from atroposlib.envs.hermes import parse_tool_calls
+from atroposlib.envs.rollouts import TokenSampler
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.errors import ContextFullError, InferenceError
 
 logger = logging.getLogger(__name__)
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 CONTEXT_FULL = "max_token_length reached"
 """Text of the 400 answered when the conversation leaves no room to sample."""
 
 
 @dataclass
 class TokenRoute:
-    """What one adapter env lends its rollouts: server, template, sampling budget."""
+    """What one adapter env lends its rollouts: its token sampler (train or eval)."""
 
-    server: TokenServer
-    chat: ChatTokens
-    max_token_length: int
-    max_tokens: int
-    temperature: float
-    split: str = "train"
+    sampler: TokenSampler
     failed_sessions: dict[str, str] = field(default_factory=dict)
     """Trace id -> why inference failed for it (infrastructure, not the model's fault)."""
+    versions: dict[str, list[int | None]] = field(default_factory=lambda: defaultdict(list))
+    """Trace id -> the engine's weight version of each reply sampled for it, in order."""
 
 
 _ROUTES: dict[str, TokenRoute] = {}
@@ -81,30 +80,22 @@ class AtroposClientConfig(TrainClientConfig):
     base_url: str = "http://atroposlib.invalid/v1"
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """``<tool_call>{json}</tool_call>`` blocks as calls, and the text around them.
+def reply_message(text: str) -> AssistantMessage:
+    """A reply as verifiers' assistant message, ``<tool_call>`` blocks as its tool calls.
 
-    >>> content, calls = parse_tool_calls('ok <tool_call>{"name": "f", "arguments": {"x": 1}}'
-    ...                                    '</tool_call>')
-    >>> content, [(c.name, c.arguments) for c in calls]
+    >>> message = reply_message('ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    >>> message.content, [(c.name, c.arguments) for c in message.tool_calls]
     ('ok', [('f', '{"x": 1}')])
-    >>> parse_tool_calls("<tool_call>{oops}</tool_call>")[1]
-    []
+    >>> reply_message("<tool_call>{oops}</tool_call>").tool_calls is None
+    True
     """
-    calls: list[ToolCall] = []
-    for index, block in enumerate(_TOOL_CALL.findall(text)):
-        try:
-            decoded = json.loads(block)
-        except ValueError:
-            continue
-        if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
-            continue
-        arguments = decoded.get("arguments", {})
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        calls.append(ToolCall(id=f"call_{index}", name=decoded["name"], arguments=arguments))
-    content = _TOOL_CALL.sub("", text).strip() if calls else text
-    return content, calls
+    content, calls = parse_tool_calls(text)
+    tool_calls = [
+        ToolCall(id=f"call_{index}", name=call["function"]["name"],
+                 arguments=call["function"]["arguments"])
+        for index, call in enumerate(calls)
+    ]  # fmt: skip
+    return AssistantMessage(content=content or None, tool_calls=tool_calls or None)
 
 
 class AtroposClient(Client):
@@ -137,24 +128,16 @@ class AtroposClient(Client):
         messages = [message_to_wire(m) for m in prompt]
         prompt_ids, bridged = self._prompt_ids(messages, wire_tools, turn)
         lane = self.route
-        temperature = lane.temperature if sampling.temperature is None else sampling.temperature
+        top_p = {"top_p": sampling.top_p} if sampling.top_p is not None else {}
         try:
-            sample = await sample_reply(
-                lane.server,
-                prompt_ids,
-                max_tokens=sampling.max_tokens or lane.max_tokens,
-                max_token_length=lane.max_token_length,
-                temperature=temperature,
-                split=lane.split,
-                **({"top_p": sampling.top_p} if sampling.top_p is not None else {}),
-            )
+            [reply] = await lane.sampler.sample(Trajectory.start(prompt_ids, messages), **top_p)
         except ContextFullError as exc:
             raise ProviderError(f"{CONTEXT_FULL}: {exc}", status_code=400) from exc
         except InferenceError as exc:
             lane.failed_sessions[session_id or ""] = type(exc).__name__
             raise ProviderError(f"inference failed: {exc}", status_code=503) from exc
-        return self._response(body, prompt_ids, sample.output_ids, sample.logprobs,
-                              sample.finish_reason, bridged)  # fmt: skip
+        lane.versions[session_id or ""].append(reply.oldest_version)
+        return self._response(body, prompt_ids, reply, bridged)
 
     def _prompt_ids(
         self,
@@ -163,40 +146,37 @@ class AtroposClient(Client):
         turn: PendingTurn | None,
     ) -> tuple[list[int], bool]:
         """The exact ids sampled so far plus the template delta of the new messages."""
-        chat = self.route.chat
+        template = self.route.sampler.template
         previous = turn.previous_renderer_token_ids() if turn is not None else None
         tail = messages[turn.tail_start :] if turn is not None else []
         if previous is None or not tail or any(m["role"] == "assistant" for m in tail):
-            return chat.prompt_ids(messages, tools), False
+            return template.prompt_ids(*template_messages(template, messages, tools)), False
         prompt_ids, completion_ids = previous
         history = messages[: turn.tail_start]  # type: ignore[union-attr]
-        delta = chat.continuation_ids(history, tail, completion_ids[-1], tools)
+        chat, wire_tools = template_messages(template, [*history, *tail], tools)
+        last = completion_ids[-1] if completion_ids else None
+        stop = last if last in template.special_ids else None
+        delta = template.continuation_ids(chat[: -len(tail)], chat[-len(tail) :], stop, wire_tools)
         return [*prompt_ids, *completion_ids, *delta], True
 
     def _response(
-        self,
-        body: dict,
-        prompt_ids: list[int],
-        output_ids: list[int],
-        logprobs: list[float],
-        finish_reason: str,
-        bridged: bool,
+        self, body: dict, prompt_ids: list[int], reply: Trajectory, bridged: bool
     ) -> Response:
-        text = self.route.chat.text(output_ids)
-        content, calls = parse_tool_calls(text)
-        finish = "length" if finish_reason == "length" else "tool_calls" if calls else "stop"
+        output_ids = reply.reply_ids
+        message = reply_message(reply.reply)
+        finish = "length" if reply.truncated else "tool_calls" if message.tool_calls else "stop"
         model = str(body.get("model") or "atroposlib")
         response = Response(
             id=f"atropos-{uuid.uuid4().hex[:12]}",
             created=0,
             model=model,
-            message=AssistantMessage(content=content or None, tool_calls=calls or None),
+            message=message,
             finish_reason=finish,
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(output_ids)),
             tokens=TurnTokens(
                 prompt_ids=prompt_ids,
-                completion_ids=list(output_ids),
-                completion_logprobs=list(logprobs),
+                completion_ids=output_ids,
+                completion_logprobs=reply.logprobs[reply.reply_start :],
                 bridged=bridged,
             ),
         )

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import Field
 
 from atroposlib.envs.adapters import vf_client, vf_harness
-from atroposlib.envs.adapters.tokens import ChatTokens, TokenServer
 from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.rollouts import TokenSampler, TokenServer
 from atroposlib.errors import ConfigError
 
 LOCAL_RUNTIME = {"type": "subprocess"}
@@ -83,22 +83,22 @@ def load_taskset(config: VerifiersEnvConfig, taskset_args: dict[str, Any]) -> An
 
 
 def model_context(
-    config: VerifiersEnvConfig, server: TokenServer, model: str, chat: ChatTokens, *, split: str
+    config: VerifiersEnvConfig, server: TokenServer, tokenizer: Any, model: str, *, split: str
 ) -> Any:
-    """The rollout context: our client (a route to ``server``) and the sampling settings."""
+    """The rollout context: our client (a route to a sampler on ``server``) and the sampling
+    settings; evaluation samples greedily on the servers' eval capacity."""
     import verifiers.v1 as vf
 
     temperature = config.temperature if split == "train" else 0.0
-    key = vf_client.register_route(
-        vf_client.TokenRoute(
-            server=server,
-            chat=chat,
-            max_token_length=config.max_token_length,
-            max_tokens=config.max_completion_tokens,
-            temperature=temperature,
-            split=split,
-        )
+    sampler = TokenSampler(
+        server,
+        tokenizer,
+        max_tokens=config.max_completion_tokens,
+        temperature=temperature,
+        max_token_length=config.max_token_length,
+        split=split,
     )
+    key = vf_client.register_route(vf_client.TokenRoute(sampler=sampler))
     return vf.ModelContext(
         model=model,
         client=vf_client.AtroposClientConfig(route=key),
