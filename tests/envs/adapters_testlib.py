@@ -1,4 +1,4 @@
-"""Environments of other ecosystems for the adapter tests, and a token-recording server.
+"""Environments of other ecosystems for the adapter tests.
 
 ``SINGLE_TURN`` and ``MULTI_TURN`` are verifiers (v1) environments written here in the
 verifiers API; ``write_vf_envs`` puts them in a folder as importable packages. Their reward
@@ -12,8 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any
-
-from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 
 HERE = Path(__file__).resolve().parent
 GUESS_SERVER = HERE.parents[1] / "environments" / "openenv_env" / "guess_server.py"
@@ -131,52 +129,3 @@ def import_vf_env(folder: Path, name: str) -> Any:
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     return __import__(name)
-
-
-class RecordingServer:
-    """Wraps a server's ``generate``: every prompt sent and every reply sampled, in order."""
-
-    def __init__(self, server: Any) -> None:
-        self.sample = server.generate  # the server's own method, before it is replaced
-        self.calls: list[tuple[list[int], GeneratedSequence]] = []
-
-    async def generate(
-        self, input_ids: list[int], n: int, sampling: dict[str, Any]
-    ) -> list[GeneratedSequence]:
-        replies = await self.sample(input_ids, n, sampling)
-        self.calls.extend((list(input_ids), reply) for reply in replies)
-        return list(replies)
-
-
-def sampled_spans(masks: list[int]) -> list[list[int]]:
-    """The runs of trained ids in a mask row (one per sampled reply)."""
-    spans: list[list[int]] = []
-    previous = -100
-    for mask in masks:
-        if mask != -100:
-            if previous == -100:
-                spans.append([])
-            spans[-1].append(mask)
-        previous = mask
-    return spans
-
-
-def assert_token_exact(group: dict[str, Any], calls: list[tuple[list[int], Any]]) -> None:
-    """Every trained id is an id the server sampled, each request sent the exact prefix."""
-    by_prompt = {tuple(prompt): reply for prompt, reply in calls}
-    for tokens, masks, logprobs in zip(
-        group["tokens"], group["masks"], group["inference_logprobs"], strict=True
-    ):
-        assert len(tokens) == len(masks) == len(logprobs)
-        position = 0
-        spans = sampled_spans(masks)
-        assert spans, "no sampled ids"
-        for span in spans:
-            start = masks.index(span[0], position)
-            prompt = tuple(tokens[:start])
-            assert prompt in by_prompt, "a reply was sampled after a prefix the server never saw"
-            reply = by_prompt[prompt]
-            assert span == list(reply.output_ids)
-            assert logprobs[start : start + len(span)] == list(reply.logprobs)
-            position = start + len(span)
-        assert all(lp == 1.0 for lp, m in zip(logprobs, masks, strict=True) if m == -100)

@@ -3,8 +3,8 @@
 A verifiers single-turn env (two-function rubric), a verifiers multi-turn env (scripted user)
 and an OpenEnv server written with openenv-core each run ``process`` (scores equal what their
 own scorers give for the same completions) and ``serve`` against a real broker while the GRPO
-trainer takes its steps. In-process runs check that every trained id is an id the server
-sampled, after exactly the prefix that was trained.
+trainer takes its steps. Token-exactness is checked with the catalogue's check
+(``tests/environments/test_env_token_truth.py``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
-from adapters_testlib import (
-    GUESS_SERVER,
-    RecordingServer,
-    assert_token_exact,
-    import_vf_env,
-    write_vf_envs,
-)
+from adapters_testlib import GUESS_SERVER, import_vf_env, write_vf_envs
 from envs_testlib import REPO_ROOT, broker_process, child_env
-
-from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv
-from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
 from inference_helpers import RunningServer, start_server, stop_server
@@ -142,42 +132,6 @@ def test_openenv_process_scores_with_the_servers_rewards(
             assert 1 <= extra["openenv_steps"] == len(said) <= MAX_GUESSES
             rewards = [step_reward(secret, reply)[0] for reply in said]
             assert group["scores"][index] == pytest.approx(sum(rewards))
-
-
-def servers(smol: RunningServer) -> list[APIServerConfig]:
-    return [APIServerConfig(base_url=f"{smol.url}/v1", model_name=smol.name,
-                            server_type="embedded")]  # fmt: skip
-
-
-async def run_recorded(env: Any) -> tuple[dict[str, Any], RecordingServer]:
-    recorder = RecordingServer(env.server)
-    await env.setup()
-    env.server.generate = recorder.generate
-    [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
-    return group, recorder
-
-
-async def test_adapter_groups_are_token_exact(smol: RunningServer, vf_envs: Path) -> None:
-    import_vf_env(vf_envs, "vf_say")
-    settings = {"tokenizer_name": str(smol.model_path), "group_size": 2, "use_wandb": False,
-                "ensure_scores_are_not_same": False, "max_token_length": 512}  # fmt: skip
-    vf_env = VerifiersEnv(
-        VerifiersEnvConfig(vf_env="vf_say", max_completion_tokens=10, **settings), servers(smol)
-    )
-    group, recorder = await run_recorded(vf_env)
-    assert len(recorder.calls) == 4  # two episodes, two turns each
-    assert_token_exact(group, recorder.calls)
-    await vf_env.server.close()
-
-    command = f"{sys.executable} {GUESS_SERVER} --port {{port}}"
-    config = OpenEnvConfig(openenv_command=command, max_completion_tokens=6, **settings)
-    openenv = OpenEnvEnv(config, servers(smol))
-    try:
-        group, recorder = await run_recorded(openenv)
-        assert_token_exact(group, recorder.calls)
-    finally:
-        openenv._server_task.cancel()
-        await openenv.server.close()
 
 
 def wait_for(condition: Any, timeout: float, what: str) -> None:

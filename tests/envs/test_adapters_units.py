@@ -1,4 +1,4 @@
-"""The adapters without a model: template deltas, failure accounting, configuration errors."""
+"""The adapters without a model: template messages, failure accounting, configuration errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from adapters_testlib import GUESS_SERVER, write_vf_envs
 from envs_testlib import tokenizer_path
 
-from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv, failure_cause
 from atroposlib.envs.adapters.chat import template_messages
+from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv, failure_cause
 from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, GeneratedSequence
 from atroposlib.envs.trajectory import ChatTemplate
@@ -45,8 +45,11 @@ class ScriptedTokens:
 def test_tools_go_to_the_system_prompt_when_the_template_has_no_tools(tokenizer: Any) -> None:
     template = ChatTemplate(tokenizer)
     tool = {"name": "lookup", "description": "Look up a fact.", "parameters": {}}
-    asked = {"role": "assistant", "content": [{"type": "text", "text": "Let me see."}],
-             "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": "{}"}}]}
+    asked = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Let me see."}],
+        "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": "{}"}}],
+    }
     chat, tools = template_messages(template, [{"role": "user", "content": "x"}, asked], [tool])
     assert tools is None and not template.renders_tools
     assert chat[0]["role"] == "system" and '"name": "lookup"' in chat[0]["content"]
