@@ -10,8 +10,8 @@ ids, logprobs). Each env rolls out one item in process against it; then, per seq
 - the trainer's own logprobs at the same weights (its packed forward, CPU fp32) match them:
   the importance ratio of TIS / mask corrections is 1 at step 0.
 
-The adapters (a verifiers single-turn and multi-turn env written in the verifiers API, the
-OpenEnv example server) get the same checks. The max |logprob delta| per env is printed
+The adapters (verifiers single-turn, multi-turn and tool envs written in the verifiers API,
+the OpenEnv example server) get the same checks. The max |logprob delta| per env is printed
 (``-s``) and written to ``$ATROPOS_TRUTH_REPORT``.
 """
 
@@ -103,7 +103,8 @@ def assert_exactly_what_was_sampled(groups: list[dict[str, Any]], log: Path) -> 
 
 
 async def roll_out_adapter(name: str, server: RunningServer, tmp: Path) -> list[dict[str, Any]]:
-    """One item of an adapter env (``docs/adapters.md``) in process against ``server``."""
+    """One item of an adapter env (``docs/adapters.md``) in process against ``server``; the
+    verifiers test envs are packages in ``tmp`` (on ``PYTHONPATH`` for their tool server)."""
     settings: dict[str, Any] = {
         "tokenizer_name": str(server.model_path), "group_size": 2, "use_wandb": False,
         "ensure_scores_are_not_same": False, "max_token_length": 512, "max_completion_tokens": 10,
@@ -112,8 +113,9 @@ async def roll_out_adapter(name: str, server: RunningServer, tmp: Path) -> list[
                               server_type="embedded")]  # fmt: skip
     env: VerifiersEnv | OpenEnvEnv
     if name.startswith("verifiers"):
-        vf_env = {"verifiers_single_turn": "vf_sum", "verifiers_multi_turn": "vf_say"}[name]
-        import_vf_env(write_vf_envs(tmp), vf_env)
+        vf_env = {"verifiers_single_turn": "vf_sum", "verifiers_multi_turn": "vf_say",
+                  "verifiers_tool_use": "vf_add"}[name]  # fmt: skip
+        import_vf_env(tmp, vf_env)
         env = VerifiersEnv(VerifiersEnvConfig(vf_env=vf_env, **settings), openai)
     else:
         command = f"{sys.executable} {GUESS_SERVER} --port {{port}}"
@@ -122,20 +124,24 @@ async def roll_out_adapter(name: str, server: RunningServer, tmp: Path) -> list[
         await env.setup()
         return await env.run_item(await env.get_next_item())
     finally:
-        if isinstance(env, OpenEnvEnv) and hasattr(env, "_server_task"):
-            env._server_task.cancel()
-        await env.server.close()
+        await env.close()
 
 
-ADAPTERS = ["verifiers_single_turn", "verifiers_multi_turn", "openenv"]
+ADAPTERS = ["verifiers_single_turn", "verifiers_multi_turn", "verifiers_tool_use", "openenv"]
 
 
 @pytest.mark.parametrize("name", [*ENVS, *ADAPTERS])
 async def test_env_trains_exactly_what_the_server_sampled(
-    name: str, smol: tuple[RunningServer, Path], trainer_model: Any, tmp_path: Path
+    name: str,
+    smol: tuple[RunningServer, Path],
+    trainer_model: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server, log = smol
     if name in ADAPTERS:
+        write_vf_envs(tmp_path)
+        monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
         groups = await roll_out_adapter(name, server, tmp_path)
     else:
         url = f"{server.url}/v1"

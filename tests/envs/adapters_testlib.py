@@ -1,9 +1,11 @@
 """Environments of other ecosystems for the adapter tests.
 
-``SINGLE_TURN`` and ``MULTI_TURN`` are verifiers (v1) environments written here in the
-verifiers API; ``write_vf_envs`` puts them in a folder as importable packages. Their reward
-functions are module-level pure functions, so a test can score a completion the way the
-environment does. The OpenEnv environment is ``environments/openenv_env/guess_server.py``.
+``SINGLE_TURN``, ``MULTI_TURN`` and ``TOOL_USE`` (with its MCP tool server ``TOOL_SERVER``)
+are verifiers (v1) environments written here in the verifiers API; ``write_vf_envs`` puts
+them in a folder as importable packages (a tool server needs that folder on ``PYTHONPATH``:
+verifiers starts it as ``python -m``). Their reward functions are module-level pure
+functions, so a test can score a completion the way the environment does. The OpenEnv
+environment is ``environments/openenv_env/guess_server.py``.
 """
 
 from __future__ import annotations
@@ -116,12 +118,73 @@ __all__ = ["SayEnv", "SayTaskset"]
 '''
 
 
+TOOL_SERVER = '''
+"""The tool server of ``vf_add``: verifiers runs it as ``python -m vf_add.tools``."""
+import verifiers.v1 as vf
+
+
+class AddTools(vf.Toolset[vf.ToolsetConfig]):
+    TOOL_PREFIX = None
+
+    @vf.tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+if __name__ == "__main__":
+    AddTools.run()
+'''
+
+TOOL_USE = '''
+"""A tool environment: the model may call ``add`` (an MCP tool server) before it answers."""
+import verifiers.v1 as vf
+
+from vf_add.tools import AddTools
+
+
+class AddData(vf.TaskData):
+    answer: str
+
+
+class AddTask(vf.Task[AddData]):
+    @classmethod
+    def toolsets(cls, config):
+        return [AddTools(vf.ToolsetConfig())]
+
+    @vf.reward(weight=1.0)
+    async def correct(self, trace: vf.Trace) -> float:
+        return float(self.data.answer in (trace.last_reply or ""))
+
+    @vf.metric
+    async def tool_calls(self, trace: vf.Trace) -> float:
+        return float(sum(len(m.tool_calls or []) for m in trace.assistant_messages))
+
+
+class AddTaskset(vf.Taskset[AddTask, vf.TasksetConfig]):
+    def load(self):
+        return [
+            AddTask(AddData(prompt=f"What is {i} + 40? Use the add tool.", answer=str(i + 40)),
+                    self.config.task)
+            for i in range(3)
+        ]
+
+
+__all__ = ["AddTaskset"]
+'''
+
+
 def write_vf_envs(folder: Path) -> Path:
-    """The two environments as packages ``vf_sum`` and ``vf_say`` under ``folder``."""
-    for name, source in (("vf_sum", SINGLE_TURN), ("vf_say", MULTI_TURN)):
-        package = folder / name
-        package.mkdir(parents=True, exist_ok=True)
-        (package / "__init__.py").write_text(textwrap.dedent(source))
+    """The environments as packages ``vf_sum``, ``vf_say`` and ``vf_add`` under ``folder``."""
+    files = {
+        "vf_sum/__init__.py": SINGLE_TURN,
+        "vf_say/__init__.py": MULTI_TURN,
+        "vf_add/__init__.py": TOOL_USE,
+        "vf_add/tools.py": TOOL_SERVER,
+    }
+    for name, source in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(textwrap.dedent(source))
     return folder
 
 

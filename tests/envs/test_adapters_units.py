@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from adapters_testlib import GUESS_SERVER, write_vf_envs
 from envs_testlib import tokenizer_path
 
+from atroposlib.envs.adapters import stop
 from atroposlib.envs.adapters.chat import template_messages
 from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv, failure_cause
 from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
@@ -62,13 +64,12 @@ def test_tools_go_to_the_system_prompt_when_the_template_has_no_tools(tokenizer:
 
 def make_vf_env(tmp_path: Path, tokenizer: Any, **settings: Any) -> VerifiersEnv:
     sys.path.insert(0, str(write_vf_envs(tmp_path)))
+    defaults = {"group_size": 2, "vf_env": "vf_sum"}
     config = VerifiersEnvConfig(
         tokenizer_name=tokenizer_path(),
-        group_size=2,
         use_wandb=False,
-        vf_env="vf_sum",
         ensure_scores_are_not_same=False,
-        **settings,
+        **{**defaults, **settings},
     )
     env = VerifiersEnv(config, EMBEDDED)
     env.tokenizer = tokenizer
@@ -83,7 +84,7 @@ async def test_a_crashing_reward_function_drops_the_group_and_counts_it(
     env.server.generate = ScriptedTokens(tokenizer, "4").generate  # type: ignore[method-assign]
     assert await env.run_item(await env.get_next_item(), max_token_len=-1) == []
     assert env.failures == {"env_error/TaskError": 1}
-    await env.server.close()
+    await env.close()
 
 
 async def test_an_inference_failure_is_not_a_zero_reward(tmp_path: Path, tokenizer: Any) -> None:
@@ -95,7 +96,7 @@ async def test_an_inference_failure_is_not_a_zero_reward(tmp_path: Path, tokeniz
     assert await env.run_item(item, max_token_len=-1) == []
     assert env.failures == {"inference": 1}
     assert env.backlog == [item]  # retried later, never scored
-    await env.server.close()
+    await env.close()
 
 
 async def test_a_scripted_group_carries_each_reward_function(
@@ -115,7 +116,44 @@ async def test_a_scripted_group_carries_each_reward_function(
         assert [v for m, v in zip(masks, versions, strict=True) if m != -100] == [3] * 2
         assert {v for m, v in zip(masks, versions, strict=True) if m == -100} == {-1}
     assert group["generation_params"]["temperature"] == 1.0
-    await env.server.close()
+    await env.close()
+
+
+class ScriptedTurns:
+    """A token server whose n-th reply is ``texts[n]`` (the last one repeated)."""
+
+    def __init__(self, tokenizer: Any, texts: list[str]) -> None:
+        self.replies = [
+            [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+            for text in texts
+        ]
+        self.calls = 0
+
+    async def generate(self, input_ids: list[int], n: int, sampling: dict[str, Any]) -> list:
+        ids = self.replies[min(self.calls, len(self.replies) - 1)]
+        self.calls += 1
+        return [GeneratedSequence(list(ids), [-0.25] * len(ids), "stop", None, 0)] * n
+
+
+async def test_a_tool_environment_calls_its_mcp_tool_and_trains_only_the_replies(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "PYTHONPATH", f"{write_vf_envs(tmp_path)}:{os.environ.get('PYTHONPATH', '')}"
+    )
+    env = make_vf_env(tmp_path, tokenizer, vf_env="vf_add", group_size=1)
+    await env.setup()
+    call = '<tool_call>{"name": "add", "arguments": {"a": 0, "b": 40}}</tool_call>'
+    env.server.generate = ScriptedTurns(tokenizer, [call, "It is 40."]).generate  # type: ignore[method-assign]
+    [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
+    assert group["scores"] == [1.0]
+    assert group["extra"] == [{"vf_rewards": {"correct": 1.0}, "vf_metrics": {"tool_calls": 1.0}}]
+    tokens, masks = group["tokens"][0], group["masks"][0]
+    trained = tokenizer.decode([t for t in masks if t != -100])
+    context = tokenizer.decode([t for t, m in zip(tokens, masks, strict=True) if m == -100])
+    assert trained == f"{call}<|im_end|>It is 40.<|im_end|>"
+    assert '"name": "add"' in context and "tool\n40<|im_end|>" in context  # listed, answered
+    await env.close()
 
 
 async def test_unknown_environment_and_openai_server_are_config_errors(
@@ -151,13 +189,11 @@ async def test_openenv_server_errors_drop_the_group_by_cause(tokenizer: Any) -> 
         env.server.generate = ScriptedTokens(tokenizer, "7").generate  # type: ignore[method-assign]
         [group] = await env.run_item(await env.get_next_item(), max_token_len=-1)
         assert all(extra["openenv_steps"] >= 1 for extra in group["extra"])
-        env._server_task.cancel()  # the server is gone: the next episode cannot reach it
-        await __import__("asyncio").sleep(0.5)
+        await stop(env._server_task)  # the server is gone: the next episode cannot reach it
         assert await env.run_item(await env.get_next_item(), max_token_len=-1) == []
         assert env.failures["server_unreachable"] == 1
     finally:
-        env._server_task.cancel()
-        await env.server.close()
+        await env.close()
 
 
 async def test_openenv_action_field_is_checked_against_the_schema(tokenizer: Any) -> None:
@@ -166,8 +202,7 @@ async def test_openenv_action_field_is_checked_against_the_schema(tokenizer: Any
         with pytest.raises(ConfigError, match=r"'move' is not a field.*\['message'\]"):
             await env.setup()
     finally:
-        if hasattr(env, "_server_task"):
-            env._server_task.cancel()
+        await env.close()
 
 
 def test_failure_causes() -> None:
@@ -191,7 +226,7 @@ async def test_evaluate_runs_the_eval_split_and_keeps_each_reward(
     assert metrics["eval/reward/correct_answer"] == 0.5  # "12" answers 10+2, not 11+2
     assert env.last_eval_samples[0]["prompt"].startswith("What is 10 + 2?")
     assert (tmp_path / "evals" / "metrics.json").exists()
-    await env.server.close()
+    await env.close()
 
 
 async def test_openenv_evaluate_plays_greedy_episodes(tokenizer: Any) -> None:
@@ -204,5 +239,4 @@ async def test_openenv_evaluate_plays_greedy_episodes(tokenizer: Any) -> None:
         assert len(env.last_eval_samples) == 3
         assert all(s["score"] in (1.0, 0.2, 1.1) for s in env.last_eval_samples)
     finally:
-        env._server_task.cancel()
-        await env.server.close()
+        await env.close()

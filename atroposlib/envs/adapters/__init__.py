@@ -5,6 +5,8 @@ OpenEnv server; both sample token-in/token-out through ``atroposlib.envs.rollout
 post typed groups (``atroposlib.group.ScoredData``).
 """
 
+import asyncio
+import contextlib
 from typing import TypeVar
 
 from atroposlib.envs.config import BaseEnvConfig
@@ -25,3 +27,12 @@ def local_defaults(config_cls: type[ConfigT]) -> tuple[ConfigT, list[APIServerCo
         model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
     )
     return config, [server]
+
+
+async def stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a task ``setup()`` started to hold a resource, and wait for its teardown."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from atroposlib.envs.adapters import local_defaults
+from atroposlib.envs.adapters import local_defaults, stop
 from atroposlib.envs.adapters.openenv_server import LocalServer, hold, wait_healthy
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -234,6 +234,11 @@ class OpenEnvEnv(BaseEnv):
     def _user(self, observation: dict[str, Any]) -> Message:
         text = render_observation(observation, self.config.observation_fields)
         return {"role": "user", "content": text}
+
+    async def close(self) -> None:
+        """Stop the OpenEnv server this env started (if any) and close the inference servers."""
+        await stop(getattr(self, "_server_task", None))
+        await self.server.close()
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})

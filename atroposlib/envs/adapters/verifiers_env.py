@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from atroposlib.envs.adapters import local_defaults
+from atroposlib.envs.adapters import local_defaults, stop
 from atroposlib.envs.adapters.vf_client import TokenRoute
 from atroposlib.envs.adapters.vf_loader import VerifiersEnvConfig
 from atroposlib.envs.base import BaseEnv
@@ -219,6 +219,11 @@ class VerifiersEnv(BaseEnv):
                 values = [s["vf_rewards"].get(name, 0.0) for s in samples]
                 metrics[f"eval/reward/{name}"] = sum(values) / len(values)
         await self.evaluate_log(metrics, samples=samples, start_time=started, end_time=time.time())
+
+    async def close(self) -> None:
+        """Leave verifiers' serving context (tool servers, interception) and close the servers."""
+        await stop(getattr(self, "_serving", None))
+        await self.server.close()
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
