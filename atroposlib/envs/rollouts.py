@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.envs.trajectory import ChatTemplate, Trajectory, finish_reason
-from atroposlib.errors import InferenceError
+from atroposlib.errors import ContextFullError, InferenceError
 from atroposlib.group import GroupOverrides, ScoredData, SequenceOverrides
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
@@ -68,18 +68,21 @@ class TokenSampler:
         *,
         max_tokens: int,
         temperature: float = 1.0,
+        max_token_length: int | None = None,
         **sampling: Any,
     ) -> None:
         self.server = server
         self.template = ChatTemplate(tokenizer)
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.max_token_length = max_token_length
         self.sampling = sampling
 
     @property
     def generation_params(self) -> dict[str, Any]:
         """What the trainer needs to recompute the sampling logprobs (temperature, ...)."""
-        return {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.sampling}
+        sampling = {k: v for k, v in self.sampling.items() if k != "split"}
+        return {"temperature": self.temperature, "max_tokens": self.max_tokens, **sampling}
 
     def start(self, messages: Sequence[Message]) -> Trajectory:
         """A trajectory holding the prompt: the chat template applied once."""
@@ -104,6 +107,8 @@ class TokenSampler:
         until it finishes: no sampled token is thrown away or sampled again, and each keeps the
         weight version that sampled it. A trajectory whose last reply was aborted is continued
         the same way.
+        With ``max_token_length`` set, each piece is capped to the room left; ContextFullError
+        when there is none to start with.
         """
         if "temperature" in sampling:
             raise ValueError(
@@ -116,10 +121,15 @@ class TokenSampler:
             **self.sampling,
             **sampling,
         }
-        if not self.server.returns_token_ids:
-            return await self._sample_text(trajectory, n, params)
+        if self.max_token_length is not None and len(trajectory.tokens) >= self.max_token_length:
+            raise ContextFullError(
+                f"the trajectory has {len(trajectory.tokens)} tokens, "
+                f"max_token_length is {self.max_token_length}"
+            )
         budget = int(params["max_tokens"])
-        first = {**params, "max_tokens": budget - _open_reply_length(trajectory)}
+        first = {**params, "max_tokens": self._piece_budget(trajectory, budget)}
+        if not self.server.returns_token_ids:
+            return await self._sample_text(trajectory, n, first)
         replies = await self._sample_ids(trajectory, n, first)
         return list(await asyncio.gather(*(self._until_finished(r, params) for r in replies)))
 
@@ -146,7 +156,7 @@ class TokenSampler:
         for _ in range(MAX_RESUBMISSIONS):
             if trajectory.finish_reason != "abort":
                 return trajectory
-            left = budget - _open_reply_length(trajectory)
+            left = self._piece_budget(trajectory, budget)
             if left <= 0:
                 return replace(trajectory, finish_reason="length")
             [trajectory] = await self._sample_ids(trajectory, 1, {**params, "max_tokens": left})
@@ -154,6 +164,14 @@ class TokenSampler:
             f"a reply was aborted {MAX_RESUBMISSIONS} times in a row; is the inference server "
             "being paused in abort mode without ever being resumed?"
         )
+
+    def _piece_budget(self, trajectory: Trajectory, budget: int) -> int:
+        """Tokens the reply's next piece may sample: what its budget has left (an aborted
+        reply's ids so far count), capped to the room ``max_token_length`` leaves."""
+        left = budget - _open_reply_length(trajectory)
+        if self.max_token_length is None:
+            return left
+        return min(left, self.max_token_length - len(trajectory.tokens))
 
     async def _sample_text(
         self, trajectory: Trajectory, n: int, params: dict[str, Any]
