@@ -264,6 +264,20 @@ async def test_an_aborted_reply_with_no_budget_left_ends_as_length(tokenizer: An
     assert done.finish_reason == "length" and len(engine.prompts) == 1
 
 
+async def test_resubmissions_fit_the_budget_and_the_room_max_token_length_leaves(
+    tokenizer: Any,
+) -> None:
+    engine = FakeEngine([([5, 6], "abort"), ([7, 8, 9], "abort"), ([10], "length")])
+    probe = TokenSampler(engine, tokenizer, max_tokens=20).start(PROMPT)
+    room = 8  # tokens past the prompt that max_token_length leaves
+    sampler = TokenSampler(
+        engine, tokenizer, max_tokens=20, max_token_length=len(probe.tokens) + room
+    )
+    [done] = await sampler.sample(sampler.start(PROMPT))
+    assert [p["max_tokens"] for p in engine.sampling] == [room, room - 2, room - 5]
+    assert done.sampled_ids == [5, 6, 7, 8, 9, 10] and done.finish_reason == "length"
+
+
 async def test_a_server_that_always_aborts_is_an_error(tokenizer: Any) -> None:
     engine = FakeEngine([([5], "abort")] + [([], "abort")] * rollouts.MAX_RESUBMISSIONS)
     sampler = TokenSampler(engine, tokenizer, max_tokens=3)
