@@ -102,7 +102,9 @@ async def health(request: Request) -> InferenceHealthResponse:
     return InferenceHealthResponse(
         model=state.settings.model_name,
         weight_version=state.scheduler.weight_version,
-        **asdict(state.scheduler.stats),
+        # the counts lag one step behind; the pause mode is read live so /health agrees with
+        # /is_paused as soon as /pause has answered
+        **{**asdict(state.scheduler.stats), "paused": state.scheduler.paused},
     )
 
 

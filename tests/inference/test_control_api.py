@@ -94,3 +94,18 @@ async def test_pause_resume_and_version_label(client: httpx.AsyncClient) -> None
     assert (await client.get("/weight_info")).json() == {"weight_version": "9"}
     reset = await client.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
     assert reset.json() == {"success": True}
+
+
+async def test_health_reports_the_pause_as_soon_as_pause_answers(test_model_path: Path) -> None:
+    # The scheduler's counts are recorded after its steps; with that recording held back (as on
+    # a busy machine, where the HTTP answer can come before it) /health must still say paused.
+    app = create_app(InferenceSettings(model=str(test_model_path), threads=1))
+    async with app.router.lifespan_context(app):
+        scheduler = app.state.inference.scheduler
+        scheduler._record_stats = lambda: None
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            assert (await http.post("/pause", params={"mode": "keep"})).status_code == 200
+            assert (await http.get("/health")).json()["paused"] == "keep"
+            assert (await http.post("/resume")).status_code == 200
+            assert (await http.get("/health")).json()["paused"] is None
