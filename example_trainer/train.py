@@ -145,7 +145,9 @@ def autocast(cfg: TrainerConfig, device: torch.device) -> contextlib.AbstractCon
 
 
 def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[str, float]]:
-    """Run ``cfg.num_steps`` steps (from the resumed step); returns each step's metrics."""
+    """Run ``cfg.num_steps`` steps (from the resumed step), or fewer when ``cfg.time_limit_s``
+    runs out; returns each step's metrics."""
+    started = time.monotonic()
     rank, world, device = init_distributed()
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -273,6 +275,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             dist.all_reduce(packed)
         total = dict(zip(["loss", *keys], packed.tolist(), strict=True))
         elapsed = time.perf_counter() - t0
+        out_of_time = broadcast(
+            cfg.time_limit_s is not None and time.monotonic() - started >= cfg.time_limit_s, world
+        )  # rank 0's clock decides, so every rank stops at the same step
         seq_tokens = sum(lengths)
         staleness = [step - 1 - v for v in stats.policy_versions]
         row = {
@@ -298,6 +303,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/truncated_masked": float(stats.truncated_masked),
             "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "train/staleness_max": float(max(staleness)) if staleness else 0.0,
+            "train/elapsed_s": time.monotonic() - started,
             **{f"train/advantage_{k}": float(v) for k, v in stats.advantage.items()},
             **{f"env/{env}/reward_mean": r for env, r in stats.rewards_by_env.items()},
         }
@@ -318,7 +324,8 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
 
         # ---- save + acknowledge, then push weights ----------------------------------------
         checkpoint = None
-        if step % cfg.save_interval == 0 or step == cfg.num_steps:
+        final_step = step == cfg.num_steps or out_of_time
+        if step % cfg.save_interval == 0 or final_step:
             full = gather_full_state(model, optimizer, sharded)  # collective under FSDP
             if rank == 0:
                 checkpoint = save_checkpoint(
@@ -335,7 +342,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 prune_steps(cfg.save_dir, cfg.keep_last_checkpoints, marker=STATE_FILE)
             if world > 1:
                 dist.barrier()
-        if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
+        if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
             weights = gather_full_state(model, None, sharded).model  # collective under FSDP
             if rank == 0:
                 folder = cfg.save_dir / "weights" / f"step-{step}"
@@ -349,6 +356,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
         if world > 1:
             dist.barrier()
+        if out_of_time:
+            logger.info("time limit of %.0f s reached after step %d", cfg.time_limit_s, step)
+            break
 
     sync.close()
     tracker.finish()

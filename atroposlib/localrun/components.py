@@ -90,6 +90,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--weight_sync", "disk",
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
+         *(["--time_limit_s", str(settings.minutes * 60)] if settings.minutes else []),
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads)},
     )  # fmt: skip

@@ -39,6 +39,12 @@ class LocalRunSettings(BaseSettings):
         description="YAML config of the environment (its `env:` section).",
     )
     steps: int = Field(default=40, gt=0, description="Trainer optimizer steps.")
+    minutes: float | None = Field(
+        default=None,
+        gt=0,
+        description="Training budget in wall-clock minutes: the trainer stops after the step "
+        "during which it runs out (--steps still caps the steps).",
+    )
     batch_size: int = Field(default=16, gt=0, description="Sequences per trainer step.")
     group_size: int = Field(default=4, gt=1, description="Completions per prompt.")
     max_token_len: int = Field(default=256, gt=16, description="Longest trained sequence.")

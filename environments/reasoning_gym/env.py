@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import reasoning_gym
@@ -23,6 +24,7 @@ from reasoning_gym.factory import DATASETS
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.evaluation import gather_with_progress
 from atroposlib.envs.heldout import (
+    Disjointness,
     HeldOutSplit,
     canonical_problem,
     check_disjoint,
@@ -123,35 +125,13 @@ class ReasoningGymEnv(BaseEnv):
         )
         return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
 
-    def make_datasets(self, size: int, seed: int) -> dict[str, Any]:
-        configs = self.config.task_configs
-        return {
-            name: reasoning_gym.create_dataset(name, size=size, seed=seed, **configs.get(name, {}))
-            for name in self.config.tasks
-        }
-
     async def setup(self) -> None:
         """Training stream and held-out set from disjoint slices; refuses to start if they meet."""
-        config, split = self.config, HeldOutSplit(self.config.held_out_fraction)
-        budget = 10 * config.eval_size / (split.fraction or 1.0) + 1_000
-        draws = self.make_datasets(int(4 * config.dataset_size + budget), config.seed)
-        self.train = {
-            name: training_problems(_entries(ds), entry_key, split, config.dataset_size)
-            for name, ds in draws.items()
-        }
-        held_out = self.make_datasets(int(budget), config.seed + 1)
-        self.test = {
-            name: held_out_problems(_entries(ds), entry_key, split, config.eval_size)
-            for name, ds in held_out.items()
-        }
-        self.scorers = draws  # score_answer(answer, entry) of each task
-        self.disjointness = check_disjoint(
-            [entry_key(e) for entries in self.test.values() for e in entries],
-            (entry_key(e) for entries in self.train.values() for e in entries),
-            split.fraction,
-        )
+        problems = build_problems(self.config)
+        self.train, self.test, self.scorers = problems.train, problems.test, problems.scorers
+        self.disjointness = problems.disjointness
         logger.info("held-out check: %s", self.disjointness)
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(self.config.seed)
         self.position = dict.fromkeys(self.train, 0)
 
     async def get_next_item(self) -> Item:
@@ -162,9 +142,7 @@ class ReasoningGymEnv(BaseEnv):
         return {"task": task, "entry": self.train[task][index]}
 
     def prompt(self, question: str) -> list[dict]:
-        user = f"{question} {self.config.instruction}".strip()
-        system = [{"role": "system", "content": self.config.system_prompt}]
-        return [*(system if self.config.system_prompt else []), {"role": "user", "content": user}]
+        return chat_prompt(self.config, question)
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         entry, dataset = item["entry"], self.scorers[item["task"]]
@@ -209,6 +187,58 @@ class ReasoningGymEnv(BaseEnv):
                 "answer": entry["answer"], "score": score, "problem": entry_key(entry),
                 "strict": graded.strict, "lenient": graded.lenient,
                 "formatted": graded.formatted}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Problems:
+    """The training stream, the held-out set and each task's scorer, from disjoint slices."""
+
+    train: dict[str, list[dict]]
+    test: dict[str, list[dict]]
+    scorers: dict[str, Any]
+    """``score_answer(answer, entry)`` of each task."""
+    disjointness: Disjointness
+
+
+def build_problems(config: ReasoningGymConfig) -> Problems:
+    """What ``setup`` trains and evaluates on (also the TRL side of benchmarks/learning_vs_trl.py).
+
+    Raises ``HeldOutOverlapError`` if a held-out problem is in the training pool.
+    """
+    split = HeldOutSplit(config.held_out_fraction)
+    budget = 10 * config.eval_size / (split.fraction or 1.0) + 1_000
+    draws = make_datasets(config, int(4 * config.dataset_size + budget), config.seed)
+    train = {
+        name: training_problems(_entries(ds), entry_key, split, config.dataset_size)
+        for name, ds in draws.items()
+    }
+    held_out = make_datasets(config, int(budget), config.seed + 1)
+    test = {
+        name: held_out_problems(_entries(ds), entry_key, split, config.eval_size)
+        for name, ds in held_out.items()
+    }
+    disjointness = check_disjoint(
+        [entry_key(e) for entries in test.values() for e in entries],
+        (entry_key(e) for entries in train.values() for e in entries),
+        split.fraction,
+    )
+    return Problems(train, test, draws, disjointness)
+
+
+def make_datasets(config: ReasoningGymConfig, size: int, seed: int) -> dict[str, Any]:
+    return {
+        name: reasoning_gym.create_dataset(
+            name, size=size, seed=seed, **config.task_configs.get(name, {})
+        )
+        for name in config.tasks
+    }
+
+
+def chat_prompt(config: ReasoningGymConfig, question: str) -> list[dict]:
+    """The system message (if any) and the question with the instruction appended."""
+    user = f"{question} {config.instruction}".strip()
+    system = [{"role": "system", "content": config.system_prompt}]
+    return [*(system if config.system_prompt else []), {"role": "user", "content": user}]
 
 
 def entry_key(entry: dict) -> str:
