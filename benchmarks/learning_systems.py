@@ -92,7 +92,12 @@ class Task:
         config = self.config
         return float(
             self.module.score_reply(
-                reply, entry, self.scorer, config.format_weight, config.lenient_answers
+                reply,
+                entry,
+                self.scorer,
+                config.format_weight,
+                config.lenient_answers,
+                config.partial_format,
             )
         )
 

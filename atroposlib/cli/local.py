@@ -56,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(sys.argv[1:] if argv is None else argv)
     settings.env_script = resolve(settings.env_script)
     settings.env_config = resolve(settings.env_config)
+    settings.trainer_config = resolve(settings.trainer_config)
     for flag, path in (
         ("--env-script", settings.env_script),
         ("--env-config", settings.env_config),
+        ("--trainer-config", settings.trainer_config),
     ):
         if not path.exists():
             exit_with_error(PROG, f"{flag}: {path} does not exist")

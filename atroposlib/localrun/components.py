@@ -75,6 +75,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
     return Component(
         "trainer",
         [sys.executable, "-m", "example_trainer.train",
+         "--config", str(settings.trainer_config),
          "--model", layout.model,
          "--broker_url", layout.broker_url,
          "--batch_size", str(settings.batch_size),

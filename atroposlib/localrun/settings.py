@@ -38,6 +38,11 @@ class LocalRunSettings(BaseSettings):
         default=Path("configs/local-cpu-env.yaml"),
         description="YAML config of the environment (its `env:` section).",
     )
+    trainer_config: Path = Field(
+        default=Path("configs/local-cpu-trainer.yaml"),
+        description="YAML config of the trainer (loss, micro-batching); the flags of this "
+        "command (--steps, --batch-size, --lr, ...) override its values.",
+    )
     steps: int = Field(default=40, gt=0, description="Trainer optimizer steps.")
     minutes: float | None = Field(
         default=None,

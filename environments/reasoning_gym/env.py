@@ -32,7 +32,10 @@ from atroposlib.envs.heldout import (
     training_problems,
 )
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final_number
-from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.reward_fns.format_rewards import (
+    answer_tag_format_reward,
+    answer_tag_partial_format_reward,
+)
 from atroposlib.envs.reward_fns.graded import grade_answer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
@@ -71,6 +74,12 @@ class ReasoningGymConfig(BaseEnvConfig):
         default="", description="Text appended to each question in the user message."
     )
     format_weight: float = Field(default=0.2, ge=0, description="Added for a well-formed reply.")
+    partial_format: bool = Field(
+        default=False,
+        description="Format reward with partial credit on the way to the exact shape (a tag, a "
+        "closed block, the block's share of the reply), for a model that never writes the "
+        "exact shape yet; the exact shape still earns the whole format_weight.",
+    )
     max_completion_tokens: int = Field(default=256, ge=1, description="Tokens per answer.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
     lenient_answers: bool = Field(
@@ -103,11 +112,17 @@ def grade(reply: str, entry: dict, dataset: Any, lenient: bool = False) -> float
 
 
 def score_reply(
-    reply: str, entry: dict, dataset: Any, format_weight: float, lenient: bool = False
+    reply: str,
+    entry: dict,
+    dataset: Any,
+    format_weight: float,
+    lenient: bool = False,
+    partial_format: bool = False,
 ) -> float:
     """Correctness plus the format component."""
     correct = grade(reply, entry, dataset, lenient)
-    return correct + format_weight * answer_tag_format_reward([reply])[0]
+    shape = answer_tag_partial_format_reward if partial_format else answer_tag_format_reward
+    return correct + format_weight * shape([reply])[0]
 
 
 class ReasoningGymEnv(BaseEnv):
@@ -147,11 +162,14 @@ class ReasoningGymEnv(BaseEnv):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         entry, dataset = item["entry"], self.scorers[item["task"]]
         weight, lenient = self.config.format_weight, self.config.lenient_answers
+        partial = self.config.partial_format
         group = await sample_group(
             self.server,
             self.tokenizer,
             self.prompt(entry["question"]),
-            lambda replies: [score_reply(r, entry, dataset, weight, lenient) for r in replies],
+            lambda replies: [
+                score_reply(r, entry, dataset, weight, lenient, partial) for r in replies
+            ],
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
