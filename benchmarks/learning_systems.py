@@ -327,7 +327,7 @@ def trl_settings(task: Task, spec: TrlSpec) -> dict[str, Any]:
         "max_completion_length": task.max_tokens,
         "use_cpu": True,
         "bf16": False,
-        "gradient_checkpointing": False,
+        "activation_checkpointing": False,
         "logging_steps": 1,
         "save_strategy": "no",
         "report_to": "none",

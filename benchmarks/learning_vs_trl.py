@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from atroposlib.cli.local import parse_settings
 from atroposlib.localrun import report
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
 from atroposlib.utils.test_model import ensure_test_model
@@ -123,20 +124,20 @@ def evaluate(task: Task, snapshot: Snapshot | None, base: Path, out: Path, batch
 # ---------------------------------------------------------------------------------------
 
 
-def ours_training(run_dir: Path, format_weight: float) -> dict[str, Any]:
+def ours_training(run_dir: Path, format_weight: float, batch_size: int) -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
-    rewards = report.rewards_by_step(run_dir / "rollouts.jsonl", format_weight)
-    sequences = sum(r.sequences for r in rewards if r.step < len(steps))
     elapsed = steps[-1]["train/elapsed_s"] if steps else 0.0
-    trained = sum(int(r.get("train/computed_tokens", 0) > 0) for r in steps)
+    samples = len(steps) * batch_size  # every step takes exactly batch_size sequences
     return {
         "steps": len(steps),
         "elapsed_s": elapsed,
-        "samples": sequences,
-        "samples_per_s": sequences / elapsed if elapsed else 0.0,
-        "reward_per_step": [r.reward for r in rewards],
-        "steps_with_gradient": trained,
+        "samples": samples,
+        "samples_per_s": samples / elapsed if elapsed else 0.0,
+        "reward_per_step": [
+            r.reward for r in report.rewards_by_step(run_dir / "rollouts.jsonl", format_weight)
+        ],
+        "zero_variance_groups": sum(r.get("train/zero_variance_groups", 0) for r in steps),
     }
 
 
@@ -298,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"our loop failed (exit {ours.exit_code}): see {run_dir}/ours.log")
                     return 1
                 snapshots[name] = ours.snapshots
-                training[name] = ours_training(run_dir / "ours", task.config.format_weight)
+                batch_size = parse_settings(args.ours_arg).batch_size
+                training[name] = ours_training(
+                    run_dir / "ours", task.config.format_weight, batch_size
+                )
             else:
                 spec = TrlSpec(
                     str(run_dir / "trl"),
