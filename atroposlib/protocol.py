@@ -7,6 +7,8 @@ additions are all optional fields or new endpoints:
 - ``ScoredData.group_id``: an idempotency key; a retried POST never queues a group twice.
 - ``ScoredData.policy_version``: the trainer step of the weights that generated the group,
   used for staleness limits.
+- ``ScoredData.finish_reasons`` / ``policy_versions`` / ``token_policy_versions`` / ``extra``
+  and declared ``overrides`` keys (see :mod:`atroposlib.group`, where the group is defined).
 - ``TrainerRegistration.max_staleness`` / ``acknowledges``; ``BatchResponse.step``;
   ``POST /ack``; ``GET /health``; ``GET /recent_groups``.
 - ``GET /batch?received=N``: the last step an acknowledging trainer received; a kept batch
@@ -31,6 +33,20 @@ from pydantic import (
     model_serializer,
 )
 
+from atroposlib.bounds import INT32_MAX as INT32_MAX
+from atroposlib.bounds import MAX_NAME_CHARS as MAX_NAME_CHARS
+from atroposlib.bounds import MAX_PATH_CHARS as MAX_PATH_CHARS
+from atroposlib.bounds import MAX_STEP as MAX_STEP
+from atroposlib.bounds import MAX_WEIGHT as MAX_WEIGHT
+from atroposlib.bounds import Count, Name, SignedStep, Step
+from atroposlib.group import SCORED_DATA_FIELDS as SCORED_DATA_FIELDS
+from atroposlib.group import FinishReason as FinishReason
+from atroposlib.group import GroupMeta as GroupMeta
+from atroposlib.group import GroupOverrides as GroupOverrides
+from atroposlib.group import Message as Message
+from atroposlib.group import ScoredData as ScoredData
+from atroposlib.group import SequenceOverrides as SequenceOverrides
+
 # ---------------------------------------------------------------------------------------
 # Content types
 # ---------------------------------------------------------------------------------------
@@ -39,26 +55,13 @@ JSON_CONTENT_TYPE = "application/json"
 MSGPACK_CONTENT_TYPE = "application/msgpack"
 
 # Per-token arrays that the fast encoding packs as bytes, and the dtype used for each.
-PACKED_INT_FIELDS: tuple[str, ...] = ("tokens", "masks")
+PACKED_INT_FIELDS: tuple[str, ...] = ("tokens", "masks", "token_policy_versions")
 PACKED_FLOAT_FIELDS: tuple[str, ...] = ("advantages", "ref_logprobs", "inference_logprobs")
 PACKED_INT_DTYPE = "<i4"
 PACKED_FLOAT_DTYPE = "<f4"
 
 MASK_IGNORE_INDEX = -100
 """Mask value for positions that are not trained (prompt tokens)."""
-
-MAX_STEP = 2**53 - 1
-"""Largest step, policy version or env id accepted: exact in every JSON parser, and far enough
-below SQLite's int64 that the steps the broker counts on from it never overflow."""
-INT32_MAX = 2**31 - 1
-MAX_WEIGHT = 1e9
-MAX_NAME_CHARS = 1024
-MAX_PATH_CHARS = 4096
-
-Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
-SignedStep = Annotated[int, Field(ge=-MAX_STEP, le=MAX_STEP)]
-Count = Annotated[int, Field(gt=0, le=INT32_MAX)]
-Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 class _Body(BaseModel):
@@ -174,53 +177,6 @@ class SuccessResponse(BaseModel):
 # ---------------------------------------------------------------------------------------
 # Scored data
 # ---------------------------------------------------------------------------------------
-
-
-class Message(BaseModel):
-    """One chat message; keys beyond ``role`` and ``content`` are kept."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: Any
-
-
-class ScoredData(_Body):
-    """One group: G sequences of the same prompt with their scores.
-
-    ``masks`` has the shape of ``tokens``: ``-100`` where the position is not trained, the
-    token id where it is. Per-token float arrays (``advantages``, ``ref_logprobs``,
-    ``inference_logprobs``) are aligned with ``tokens``; ``inference_logprobs`` holds 1.0 on
-    prompt positions.
-    """
-
-    tokens: list[list[int]]
-    masks: list[list[int]]
-    scores: list[float]
-    advantages: list[list[float]] | None = None
-    ref_logprobs: list[list[float]] | None = None
-    messages: list[list[Message]] | None = None
-    generation_params: dict[str, Any] | None = None
-    inference_logprobs: list[list[float]] | None = None
-    overrides: list[dict[str, Any]] | None = None
-    group_overrides: dict[str, Any] | None = None
-    images: Any | None = None
-    env_id: SignedStep | None = None
-    distill_token_ids: list[list[list[int]]] | None = None
-    distill_logprobs: list[list[list[float]]] | None = None
-    group_id: str | None = Field(
-        default=None,
-        max_length=200,
-        description="Idempotency key: a group posted twice with the same id is queued once.",
-    )
-    policy_version: Step | None = Field(
-        default=None,
-        description="Trainer step of the weights that generated this group.",
-    )
-
-
-SCORED_DATA_FIELDS: tuple[str, ...] = tuple(ScoredData.model_fields)
-"""Every key of a group; a group in a batch carries all of them (null when absent)."""
 
 
 class ScoredDataResponse(BaseModel):

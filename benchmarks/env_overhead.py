@@ -1,14 +1,20 @@
-"""Env framework overhead: groups/s and CPU seconds per group, ours vs atroposlib 0.4.0.
+"""Env framework overhead: groups/s and CPU seconds per group, side by side in one run.
 
-Both run ``benchmarks/trivial_env.py`` (one source, trivial scoring) against the same instant
-fake inference server (``tests/envs/fake_openai.py``) and a real broker
-(``python -m atroposlib.api --store memory``); a trainer loop here pulls batches as fast as
-they form. The measured window skips the first batches (start-up, tokenizer load) and counts
-the env process's CPU time (user + system) and wall time over the next ones.
+``--compare atropos`` (default): ours vs atroposlib 0.4.0, both running
+``benchmarks/trivial_env.py`` (one source, trivial scoring, fixed tokens).
+``--compare paths``: the token path (``sample_group`` on ``/generate``: the group is the ids
+the server sampled) vs the old text path (chat completion, then every chat re-tokenized with
+the chat template), both ``benchmarks/sampling_env.py`` on our framework, replies of
+``--reply-words`` tokens.
 
-    python benchmarks/env_overhead.py [--batches 30] [--warmup 5]
+Each runs against the same instant fake inference server (``tests/envs/fake_openai.py``) and a
+real broker (``python -m atroposlib.api --store memory``); a trainer loop here pulls batches as
+fast as they form. The measured window skips the first batches (start-up, tokenizer load) and
+counts the env process's CPU time (user + system) and wall time over the next ones.
 
-atroposlib 0.4.0 must be installed in ``benchmarks/.venv-atropos-env``:
+    python benchmarks/env_overhead.py [--compare paths] [--batches 30] [--warmup 5]
+
+For ``atropos``, atroposlib 0.4.0 must be installed in ``benchmarks/.venv-atropos-env``:
     python3.11 -m venv benchmarks/.venv-atropos-env
     benchmarks/.venv-atropos-env/bin/pip install atroposlib==0.4.0
 """
@@ -63,7 +69,15 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 def run_one(
-    label: str, python: str, pythonpath: str | None, batches: int, warmup: int
+    label: str,
+    python: str,
+    pythonpath: str | None,
+    batches: int,
+    warmup: int,
+    *,
+    script: str = "trivial_env.py",
+    extra_env: dict[str, str] | None = None,
+    reply_words: int = 0,
 ) -> dict[str, float]:
     logs = ROOT / "benchmarks" / "logs"
     logs.mkdir(exist_ok=True)
@@ -72,7 +86,8 @@ def run_one(
     ours = {**base_env, "PYTHONPATH": str(ROOT)}
     children = [
         subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/envs/fake_openai.py"), "--port", str(infer_port)],
+            [sys.executable, str(ROOT / "tests/envs/fake_openai.py"), "--port", str(infer_port),
+             "--reply-words", str(reply_words)],
             env=ours, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
@@ -95,6 +110,7 @@ def run_one(
             "BENCH_BROKER": broker,
             "BENCH_INFERENCE": f"http://127.0.0.1:{infer_port}/v1",
             "BENCH_TOKENIZER": tokenizer_folder(),
+            **(extra_env or {}),
         }
         if pythonpath:
             env_vars["PYTHONPATH"] = pythonpath
@@ -102,7 +118,7 @@ def run_one(
             env_vars.pop("PYTHONPATH", None)
         with (logs / f"{label}.log").open("wb") as log:
             env = subprocess.Popen(
-                [python, str(ROOT / "benchmarks/trivial_env.py"), "serve"],
+                [python, str(ROOT / "benchmarks" / script), "serve"],
                 env=env_vars, stdout=log, stderr=subprocess.STDOUT, cwd=logs,
             )  # fmt: skip
         children.append(env)
@@ -131,11 +147,39 @@ def run_one(
             child.wait()
 
 
+def print_table(results: dict[str, dict[str, float]], baseline: str, ours: str) -> None:
+    print(f"{'':24} {'groups':>7} {'groups/s':>9} {'CPU s/group':>12} {'groups/CPU s':>13}")
+    for label, r in results.items():
+        print(
+            f"{label:24} {r['groups']:7d} {r['groups'] / r['wall_s']:9.1f} "
+            f"{r['cpu_s'] / r['groups']:12.5f} {r['groups'] / r['cpu_s']:13.1f}"
+        )
+    base, mine = results[baseline], results[ours]
+    speed = (mine["groups"] / mine["wall_s"]) / (base["groups"] / base["wall_s"])
+    efficiency = (mine["groups"] / mine["cpu_s"]) / (base["groups"] / base["cpu_s"])
+    print(
+        f"ratio {ours}/{baseline}: groups/s x{speed:.2f}, groups per CPU second x{efficiency:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--compare", choices=["atropos", "paths"], default="atropos")
     parser.add_argument("--batches", type=int, default=30, help="measured batches (64 seqs)")
     parser.add_argument("--warmup", type=int, default=5, help="batches skipped first")
+    parser.add_argument("--reply-words", type=int, default=64, help="reply length (paths)")
     args = parser.parse_args()
+    if args.compare == "paths":
+        results = {
+            f"{path} path": run_one(
+                f"{path}-path", sys.executable, str(ROOT), args.batches, args.warmup,
+                script="sampling_env.py", extra_env={"BENCH_PATH": path},
+                reply_words=args.reply_words,
+            )
+            for path in ("text", "token")
+        }  # fmt: skip
+        print_table(results, "text path", "token path")
+        return
     if not ATROPOS_PYTHON.exists():
         raise SystemExit(f"missing {ATROPOS_PYTHON}: see this file's docstring")
     results = {
@@ -144,16 +188,7 @@ def main() -> None:
         ),
         "ours": run_one("ours", sys.executable, str(ROOT), args.batches, args.warmup),
     }
-    print(f"{'':18} {'groups':>7} {'groups/s':>9} {'CPU s/group':>12} {'groups/CPU s':>13}")
-    for label, r in results.items():
-        print(
-            f"{label:18} {r['groups']:7d} {r['groups'] / r['wall_s']:9.1f} "
-            f"{r['cpu_s'] / r['groups']:12.5f} {r['groups'] / r['cpu_s']:13.1f}"
-        )
-    base, ours = results["atroposlib 0.4.0"], results["ours"]
-    speed = (ours["groups"] / ours["wall_s"]) / (base["groups"] / base["wall_s"])
-    efficiency = (ours["groups"] / ours["cpu_s"]) / (base["groups"] / base["cpu_s"])
-    print(f"ratio ours/0.4.0: groups/s x{speed:.2f}, groups per CPU second x{efficiency:.2f}")
+    print_table(results, "atroposlib 0.4.0", "ours")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 
 A batch is a list of groups as the broker hands them out (COMPAT): per-token fields
 (``tokens``, ``masks``, ``advantages``, ``ref_logprobs``, ``inference_logprobs``) are lists of
-1-D arrays or lists; ``scores``, ``overrides``, ``group_overrides``, ``env_id``,
-``generation_params``, ``policy_version`` as on the wire. Everything here is deterministic, so
-every rank turns the same batch into the same samples and the same micro-batch plan.
+1-D arrays or lists; the rest (scores, declared overrides, finish reasons, ...) is read through
+:class:`atroposlib.group.GroupMeta`, the typed group without its arrays. Everything here is
+deterministic, so every rank turns the same batch into the same samples and micro-batch plan.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,13 +17,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from torch import Tensor
 
+from atroposlib.group import GroupMeta
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from example_trainer.config import LossConfig
 from example_trainer.loss import BatchTotals, group_advantages, role_advantages
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Sample:
     score: float = 0.0
     env_id: int | None = None
     policy_version: int | None = None
+    zero_advantage: bool = False  # override set_advantage_to_zero
     distill_ids: np.ndarray | None = None  # (L, K) int64 teacher top-k ids, -1 where none
     distill_logprobs: np.ndarray | None = None  # (L, K) float32
 
@@ -55,11 +60,25 @@ class BatchStats:
     zero_variance_groups: int = 0
     truncated_masked: int = 0
     sft_rows: int = 0
+    invalid_groups: int = 0
     policy_versions: list[int] = field(default_factory=list)
 
 
 def _array(x: Any, dtype: type) -> np.ndarray:
     return np.asarray(x, dtype=dtype).reshape(-1)
+
+
+def _meta(group: Mapping[str, Any]) -> GroupMeta | None:
+    """The group's typed metadata; None (logged) when a broker let an invalid group through."""
+    try:
+        meta = GroupMeta.model_validate(group)
+    except ValidationError as exc:
+        logger.error("group skipped, its metadata is invalid: %s", exc.errors()[0])
+        return None
+    if meta.size != len(group["tokens"]):
+        logger.error("group skipped: %d scores for %d sequences", meta.size, len(group["tokens"]))
+        return None
+    return meta
 
 
 def _distill_rows(group: Mapping[str, Any], i: int, length: int) -> dict[str, Any]:
@@ -76,15 +95,6 @@ def _distill_rows(group: Mapping[str, Any], i: int, length: int) -> dict[str, An
     return {"distill_ids": out_ids, "distill_logprobs": out_lp}
 
 
-def _per_seq(group: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    overrides = group.get("overrides") or [{} for _ in range(n)]
-    return [dict(o or {}) for o in overrides]
-
-
-def _lookup(seq: Mapping[str, Any], grp: Mapping[str, Any], key: str, default: Any) -> Any:
-    return seq[key] if key in seq else grp.get(key, default)
-
-
 def batch_to_samples(
     groups: Sequence[Mapping[str, Any]],
     cfg: LossConfig,
@@ -99,22 +109,22 @@ def batch_to_samples(
     rewards: dict[str, list[float]] = defaultdict(list)
 
     for group in groups:
-        n = len(group["tokens"])
-        seq_over = _per_seq(group, n)
-        grp_over = dict(group.get("group_overrides") or {})
-        gen_temp = float((group.get("generation_params") or {}).get("temperature", 1.0))
+        meta = _meta(group)
+        if meta is None:
+            stats.invalid_groups += 1
+            continue
+        n = meta.size
+        gen_temp = float((meta.generation_params or {}).get("temperature", 1.0))
         given_adv = group.get("advantages")
         inf_lp, ref_lp = group.get("inference_logprobs"), group.get("ref_logprobs")
-        scores = [float(s) for s in group["scores"]]
-        env_id = group.get("env_id")
+        scores = meta.scores
+        env_id = meta.env_id
         start = len(samples)
         rl_rows: list[int] = []
         for i in range(n):
             tokens = _array(group["tokens"][i], np.int64)
-            sft = bool(_lookup(seq_over[i], grp_over, "sft", False))
-            truncated = bool(seq_over[i].get("truncated")) or (
-                seq_over[i].get("finish_reason") == "length"
-            )
+            sft = bool(meta.override(i, "sft", False))
+            truncated = meta.truncated(i)
             weight = 0.0 if (truncated and cfg.mask_truncated and not sft) else 1.0
             stats.truncated_masked += int(weight == 0.0)
             stats.sft_rows += int(sft)
@@ -135,16 +145,17 @@ def batch_to_samples(
                     ref_logprobs=None
                     if ref_lp is None or ref_lp[i] is None
                     else _array(ref_lp[i], np.float32),
-                    temperature=float(_lookup(seq_over[i], grp_over, "temperature", gen_temp)),
+                    temperature=float(meta.override(i, "temperature", gen_temp)),
                     sft=sft,
                     weight=weight,
                     score=scores[i],
                     env_id=env_id,
-                    policy_version=group.get("policy_version"),
+                    policy_version=meta.policy_version,
+                    zero_advantage=bool(meta.override(i, "set_advantage_to_zero", False)),
                 )
             )
             rewards[str(env_id)].append(scores[i])
-            role = _lookup(seq_over[i], grp_over, "role", None)
+            role = meta.override(i, "role")
             if sft or given_adv is not None:
                 continue
             if cfg.role_baseline and role is not None:
@@ -177,10 +188,9 @@ def batch_to_samples(
         for (j, _), a in zip(role_rows, role_adv, strict=True):
             samples[j].advantages[:] = a
 
-    for group_start, group in _group_offsets(groups):
-        for i, over in enumerate(_per_seq(group, len(group["tokens"]))):
-            if over.get("set_advantage_to_zero"):
-                samples[group_start + i].advantages[:] = 0.0
+    for sample in samples:
+        if sample.zero_advantage:
+            sample.advantages[:] = 0.0
 
     stats.rewards_by_env = {k: float(np.mean(v)) for k, v in rewards.items()}
     trained = [
@@ -193,14 +203,6 @@ def batch_to_samples(
         stats.advantage = {"mean": a.mean(), "std": a.std(), "min": a.min(), "max": a.max()}
     stats.policy_versions = [s.policy_version for s in samples if s.policy_version is not None]
     return samples, baselines, stats
-
-
-def _group_offsets(groups: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
-    out, offset = [], 0
-    for group in groups:
-        out.append((offset, group))
-        offset += len(group["tokens"])
-    return out
 
 
 def batch_totals(samples: Sequence[Sample]) -> BatchTotals:

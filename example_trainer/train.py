@@ -301,6 +301,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/data_wait_s": t_data,
             "train/zero_variance_groups": float(stats.zero_variance_groups),
             "train/truncated_masked": float(stats.truncated_masked),
+            "train/invalid_groups": float(stats.invalid_groups),
             "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "train/staleness_max": float(max(staleness)) if staleness else 0.0,
             "train/elapsed_s": time.monotonic() - started,

@@ -47,8 +47,17 @@ BAD_VALUES = [
      "atropos-sft-gen: error: --group-size: input should be a valid integer, got 'abc'"),
     ("atropos-dpo-gen", ["out.jsonl", "--num-seqs-to-save", "-1"],
      "atropos-dpo-gen: error: --num-seqs-to-save: input should be greater than 0, got '-1'"),
+    ("atropos-sft-gen", ["out.jsonl", "--group-size", "99999999999", "--save-messages"],
+     "atropos-sft-gen: error: --group-size: input should be less than or equal to 2147483647, "
+     "got '99999999999'"),
+    ("atropos-dpo-gen", ["out.jsonl", "--group-size", "65536", "--tasks-per-step", "65536",
+                         "--save-messages"],
+     "atropos-dpo-gen: error: --group-size x --tasks-per-step = 4294967296 sequences per batch "
+     "is more than the broker accepts (2147483647); lower one of them"),
     ("view-run", ["--limit", "abc"],
      "view-run: error: --limit: input should be a valid integer, got 'abc'"),
+    ("view-run", ["--limit", "1e400"],
+     "view-run: error: --limit: input should be a valid integer, got '1e400'"),
     ("jsonl2html", ["no-such-dump.jsonl"],
      "jsonl2html: error: no-such-dump.jsonl: no such file"),
     ("atropos-inference", ["--model", "m", "--port", "abc"],

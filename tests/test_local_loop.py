@@ -24,7 +24,9 @@ def test_short_local_run_trains_syncs_weights_and_cleans_up(
     result = subprocess.run(
         [sys.executable, "-m", "atroposlib.cli.local", "--run-dir", str(run_dir),
          "--model", str(test_model_path), "--steps", "2", "--batch-size", "8",
-         "--group-size", "4", "--eval-size", "4", "--progress-interval-s", "5"],
+         "--group-size", "4", "--eval-size", "4", "--progress-interval-s", "5",
+         "--behavior-logprobs", "inference",
+         "--trainer-args", '["--loss.is_correction", "tis"]'],
         env=subprocess_env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -37,6 +39,14 @@ def test_short_local_run_trains_syncs_weights_and_cleans_up(
         if "train/loss" in (row := json.loads(line))
     ]
     assert [row["step"] for row in train_rows] == [1, 2]
+    # the token path: the env sends the server's ids and logprobs; at step 1 the trainer's
+    # weights are the sampling weights, so its importance ratio is 1
+    groups = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert all(g["inference_logprobs"] and g["finish_reasons"] for g in groups)
+    assert all(g["generation_params"]["temperature"] > 0 for g in groups)
+    first = train_rows[0]
+    if first["train/trained_tokens"] > 0:
+        assert abs(first["train/is_weight"] - 1.0) <= 1e-4
     # the last checkpoint and the final weights, nothing older (checkpoints at steps 1 and 2)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2", "weights"]
     assert [p.name for p in (run_dir / "checkpoints" / "weights").iterdir()] == ["step-2"]

@@ -17,15 +17,22 @@ from typing import Any
 
 import numpy as np
 
+from atroposlib.api.group_fields import check_sequence_fields
 from atroposlib.codec import PACKED_DTYPES
 from atroposlib.errors import InvalidGroupError
-from atroposlib.protocol import MAX_STEP, PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
+from atroposlib.protocol import (
+    MAX_STEP,
+    PACKED_FLOAT_FIELDS,
+    PACKED_INT_FIELDS,
+    SCORED_DATA_FIELDS,
+)
 
 logger = logging.getLogger(__name__)
 
 _INT32 = np.iinfo(np.int32)
 _GROUP_ID_MAX = 200
-_DICT_OR_NONE = ("generation_params", "group_overrides")
+_DICT_OR_NONE = ("generation_params",)
+_OPTIONAL_INT_ROWS = tuple(f for f in PACKED_INT_FIELDS if f not in ("tokens", "masks"))
 _NESTED_OR_NONE = ("distill_token_ids", "distill_logprobs")
 
 
@@ -198,9 +205,11 @@ def check_group(raw: Any, *, batch_size: int | None = None) -> CheckedGroup:
         if rows is not None:
             group[field] = [_float_row(field, i, row) for i, row in enumerate(rows)]
             _check_aligned(field, group[field], lengths)
-    overrides = _rows(raw, "overrides", size)
-    if overrides is not None and not all(isinstance(o, dict) for o in overrides):
-        raise InvalidGroupError("overrides", "must be a list of objects, one per sequence")
+    for field in _OPTIONAL_INT_ROWS:
+        rows = _rows(raw, field, size)
+        if rows is not None:
+            group[field] = [_int_row(field, i, row) for i, row in enumerate(rows)]
+            _check_aligned(field, group[field], lengths)
     for field in _DICT_OR_NONE:
         if raw.get(field) is not None and not isinstance(raw[field], dict):
             raise InvalidGroupError(field, "must be an object or null")
@@ -209,6 +218,7 @@ def check_group(raw: Any, *, batch_size: int | None = None) -> CheckedGroup:
         if rows is not None and not all(isinstance(r, list) for r in rows):
             raise InvalidGroupError(field, "must be [sequence][position][top_k] lists")
     _check_messages(raw)
+    check_sequence_fields(raw, size)
     group_id = raw.get("group_id")
     if group_id is not None and (not isinstance(group_id, str) or len(group_id) > _GROUP_ID_MAX):
         raise InvalidGroupError("group_id", f"must be a string of at most {_GROUP_ID_MAX} chars")

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from atroposlib.cli._flags import build_parser, fail, parse_settings
 from atroposlib.export.text import Decoder
+from atroposlib.protocol import INT32_MAX
 
 
 class ViewRunSettings(BaseSettings):
@@ -39,7 +40,9 @@ class ViewRunSettings(BaseSettings):
         validation_alias=AliasChoices("ATROPOS_VIEW_API_KEY", "ATROPOS_API_KEY"),
         description="Bearer token of the broker, when it requires one (or ATROPOS_API_KEY).",
     )
-    limit: int = Field(default=64, gt=0, description="How many recent groups to fetch.")
+    limit: int = Field(
+        default=64, gt=0, le=INT32_MAX, description="How many recent groups to fetch."
+    )
     tokenizer: str | None = Field(
         default=None,
         description="Tokenizer (hub name or folder) to show tokens as text; without it the "

@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from atroposlib.envs import checkpointing
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
@@ -25,6 +27,7 @@ from atroposlib.envs.groups import (
     group_from_items,
     group_rejection_reason,
 )
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -35,6 +38,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager, Server
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
+from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import UUID, Item, Message
 from atroposlib.utils.io import parse_http_response
@@ -65,7 +69,8 @@ __all__ = [
     "parse_http_response",
 ]
 
-Trajectories = ScoredDataGroup | Sequence[ScoredDataGroup | None] | None
+Group = ScoredData | ScoredDataGroup
+Trajectories = Group | Sequence[Group | None] | None
 ATROPOS_NULL_KEYS = (
     "ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs",
 )  # fmt: skip
@@ -175,6 +180,23 @@ class BaseEnv(ABC):
     def tokenizer(self, value: Any) -> None:
         self._tokenizer = value
 
+    def token_sampler(
+        self, *, max_tokens: int | None = None, temperature: float | None = None, **sampling: Any
+    ) -> TokenSampler:
+        """Token-in/token-out sampling on this env's servers (see ``atroposlib.envs.rollouts``).
+
+        Defaults: the config's ``max_completion_tokens`` and ``temperature`` (else 1.0).
+        """
+        if max_tokens is None:
+            max_tokens = getattr(self.config, "max_completion_tokens", None)
+        if max_tokens is None:
+            raise ValueError("pass max_tokens (the config has no max_completion_tokens)")
+        if temperature is None:
+            temperature = float(getattr(self.config, "temperature", 1.0))
+        return TokenSampler(
+            self.server, self.tokenizer, max_tokens=max_tokens, temperature=temperature, **sampling
+        )
+
     def derived_batch_size(self, status: EnvStatusResponse | None = None) -> int:
         """This env's share of a batch: the unallocated share plus its minimum allocation."""
         if status is None or self.config.batch_size == -1:
@@ -206,9 +228,11 @@ class BaseEnv(ABC):
         self.stats.completion_lengths = value
 
     async def add_rollouts_for_wandb(
-        self, scored_data: ScoredDataGroup | dict[str, Any], item: Item = None
+        self, scored_data: Group | dict[str, Any], item: Item = None
     ) -> None:
         """Keep rollouts for the wandb table (token ids are decoded only when logged)."""
+        if isinstance(scored_data, ScoredData):
+            scored_data = scored_data.wire()
         keep = self.config.num_rollouts_per_group_for_logging
         keep = len(scored_data["tokens"]) if keep == -1 else keep
         pairs = zip(scored_data["tokens"][:keep], scored_data["scores"][:keep], strict=True)
@@ -370,13 +394,13 @@ class BaseEnv(ABC):
     def accept_groups(
         self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None
     ) -> list[dict[str, Any]]:
-        """Validate groups; each rejection (a malformed group included) is logged with its
-        reason and the item, counted, and skipped. Accepted groups carry Atropos's keys.
-        ``max_token_len=-1`` (``process``) accepts any length and groups with nothing to train,
-        as Atropos wrote them."""
+        """Validate groups (an Atropos dict becomes ``ScoredData`` here, once) and return their
+        wire form, with Atropos's keys; each rejection (a malformed group included) is logged
+        with its reason and the item, counted, and skipped. ``max_token_len=-1`` (``process``)
+        accepts any length and groups with nothing to train, as Atropos wrote them."""
         if trajectories is None:
             return []
-        if isinstance(trajectories, dict):
+        if isinstance(trajectories, dict | ScoredData):
             candidates: list[Any] = [trajectories]
         elif isinstance(trajectories, list | tuple):
             candidates = list(trajectories)
@@ -384,16 +408,17 @@ class BaseEnv(ABC):
             candidates = [trajectories]
         limit = self.max_token_len if max_token_len is None else max_token_len
         accepted: list[dict[str, Any]] = []
-        for group in candidates:
-            if group is None:
+        for candidate in candidates:
+            if candidate is None:
                 continue
-            reason = self._rejection(group, limit, require_trained=max_token_len != -1)
-            if reason is not None:
+            checked = self._checked(candidate, limit, require_trained=max_token_len != -1)
+            if isinstance(checked, str):
+                reason = checked
                 logger.warning("group not sent: %s (item: %.300r)", reason, item)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
                 self.last_failure = f"group rejected: {reason}"
                 continue
-            payload: dict[str, Any] = dict(group)
+            payload = checked
             for key in ATROPOS_NULL_KEYS:
                 payload.setdefault(key, None)
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
@@ -406,19 +431,24 @@ class BaseEnv(ABC):
             accepted.append(payload)
         return accepted
 
-    def _rejection(self, group: Any, max_token_len: int, require_trained: bool) -> str | None:
-        if not isinstance(group, dict):
-            return f"malformed group: a {type(group).__name__}, not a dict"
+    def _checked(
+        self, candidate: Any, max_token_len: int, require_trained: bool
+    ) -> dict[str, Any] | str:
+        """The group's wire form, or why it must not be sent."""
+        if not isinstance(candidate, dict | ScoredData):
+            return f"malformed group: a {type(candidate).__name__}, not a dict"
         try:
-            return group_rejection_reason(
-                group,
-                group_size=self.config.group_size,
-                max_token_len=max_token_len,
-                ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
-                require_trained_tokens=require_trained,
-            )
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            return f"malformed group: {type(exc).__name__}: {exc}"
+            group, payload = checked_wire_form(candidate)
+        except ValidationError as exc:
+            return f"malformed group: {invalid_group_reason(exc)}"
+        reason = group_rejection_reason(
+            group,
+            group_size=self.config.group_size,
+            max_token_len=max_token_len,
+            ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
+            require_trained_tokens=require_trained,
+        )
+        return payload if reason is None else reason
 
     async def run_evaluate(self) -> None:
         try:

@@ -1,17 +1,22 @@
-"""What ``collect_trajectories`` returns, and the checks a group passes before it is sent."""
+"""What ``collect_trajectories`` returns, and the checks a group passes before it is sent.
+
+An env returns :class:`~atroposlib.group.ScoredData` (what :mod:`atroposlib.envs.rollouts`
+builds) or, as Atropos envs do, a ``ScoredDataGroup`` dict; ``BaseEnv`` validates a dict into
+``ScoredData`` once, then these checks run on the typed group.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
 
+from atroposlib.group import ScoredData
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
 
 
 class ScoredDataGroup(TypedDict):
-    """G rollouts of the same item (a dict; its wire form is ``protocol.ScoredData``)."""
+    """G rollouts of the same item: Atropos's dict form of :class:`~atroposlib.group.ScoredData`."""
 
     tokens: list[list[int]]
     masks: list[list[int]]
@@ -24,6 +29,10 @@ class ScoredDataGroup(TypedDict):
     group_overrides: NotRequired[dict[str, Any] | None]
     overrides: NotRequired[list[dict[str, Any]] | None]
     images: NotRequired[Any | None]
+    finish_reasons: NotRequired[list[str | None] | None]
+    policy_versions: NotRequired[list[int | None] | None]
+    token_policy_versions: NotRequired[list[list[int]] | None]
+    extra: NotRequired[list[dict[str, Any]] | None]
     distill_token_ids: NotRequired[list[list[list[int]]] | None]
     """On-policy distillation: teacher top-k token ids, ``[sequence][position][k]``."""
     distill_logprobs: NotRequired[list[list[list[float]]] | None]
@@ -43,15 +52,17 @@ class ScoredDataItem(TypedDict):
     group_overrides: NotRequired[dict[str, Any] | None]
     overrides: NotRequired[dict[str, Any] | None]
     images: NotRequired[Any | None]
+    finish_reason: NotRequired[str | None]
+    token_policy_versions: NotRequired[list[int] | None]
+    extra: NotRequired[dict[str, Any] | None]
     distill_token_ids: NotRequired[list[list[int]] | None]
     distill_logprobs: NotRequired[list[list[float]] | None]
 
 
 _PER_SEQUENCE_FIELDS = (
     "advantages", "ref_logprobs", "messages", "inference_logprobs", "overrides",
-    "distill_token_ids", "distill_logprobs",
+    "token_policy_versions", "extra", "distill_token_ids", "distill_logprobs",
 )  # fmt: skip
-_PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
 
 
 def group_from_items(items: Sequence[ScoredDataItem]) -> ScoredDataGroup:
@@ -65,6 +76,9 @@ def group_from_items(items: Sequence[ScoredDataItem]) -> ScoredDataGroup:
         values = [item.get(field) for item in items]
         if values and all(value is not None for value in values):
             group[field] = values  # type: ignore[literal-required]
+    reasons = [item.get("finish_reason") for item in items]
+    if any(reason is not None for reason in reasons):
+        group["finish_reasons"] = reasons
     group_overrides: dict[str, Any] = {}
     for item in items:
         group_overrides.update(item.get("group_overrides") or {})
@@ -76,14 +90,14 @@ def group_from_items(items: Sequence[ScoredDataItem]) -> ScoredDataGroup:
     return group
 
 
-def expected_group_size(group: ScoredDataGroup | dict[str, Any], default: int) -> int:
+def expected_group_size(group: ScoredData, default: int) -> int:
     """The size the env promises for this group: ``group_overrides.group_size`` or the config."""
-    overrides = group.get("group_overrides") or {}
-    return int(overrides.get("group_size", default))
+    promised = group.group_overrides.group_size if group.group_overrides is not None else None
+    return default if promised is None else promised
 
 
 def group_rejection_reason(
-    group: ScoredDataGroup | dict[str, Any],
+    group: ScoredData,
     *,
     group_size: int,
     max_token_len: int,
@@ -92,48 +106,28 @@ def group_rejection_reason(
 ) -> str | None:
     """Why this group must not be sent, or ``None`` when it is fine.
 
+    Shapes are checked when the group is built (``ScoredData``); these are the env's rules.
     ``require_trained_tokens=False`` (``process``, as Atropos wrote them) keeps groups whose
     every position is masked.
-
     ``max_token_len <= 0`` means the trainer accepts any length.
 
-    >>> ok = {"tokens": [[1, 2], [1, 3]], "masks": [[-100, 2], [-100, 3]], "scores": [1.0, 0.0]}
+    >>> ok = ScoredData(tokens=[[1, 2], [1, 3]], masks=[[-100, 2], [-100, 3]], scores=[1, 0])
     >>> group_rejection_reason(ok, group_size=2, max_token_len=8, ensure_scores_are_not_same=True)
     >>> group_rejection_reason(ok, group_size=4, max_token_len=8, ensure_scores_are_not_same=True)
     'group has 2 sequences, expected group_size 4'
     """
-    tokens = group.get("tokens")
-    masks = group.get("masks")
-    scores = group.get("scores")
-    if not isinstance(tokens, list) or not isinstance(masks, list) or not isinstance(scores, list):
-        return "malformed group: tokens, masks and scores must all be lists"
-    if not all(isinstance(row, list) for row in (*tokens, *masks)):
-        return "malformed group: every tokens and masks entry must be a list of ints"
+    scores = group.scores
     expected = expected_group_size(group, group_size)
-    if len(tokens) != expected:
-        return f"group has {len(tokens)} sequences, expected group_size {expected}"
-    if len(masks) != len(tokens) or len(scores) != len(tokens):
-        return (
-            f"tokens ({len(tokens)}), masks ({len(masks)}) and scores ({len(scores)}) "
-            "must have one entry per sequence"
-        )
-    for field in _PER_TOKEN_FIELDS:
-        values: Any = group.get(field)
-        if values is None:
-            continue
-        if len(values) != len(tokens):
-            return f"{field} has {len(values)} sequences, tokens has {len(tokens)}"
-        for index, (row, seq) in enumerate(zip(values, tokens, strict=True)):
-            if len(row) != len(seq):
-                return f"{field}[{index}] has {len(row)} positions, tokens[{index}] has {len(seq)}"
-    if not all(isinstance(s, int | float) and math.isfinite(s) for s in scores):
-        return "scores must be finite numbers"
+    if len(group.tokens) != expected:
+        return f"group has {len(group.tokens)} sequences, expected group_size {expected}"
     if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) == 1:
         return f"all {len(scores)} scores are equal ({scores[0]}): no learning signal"
     if max_token_len > 0:
-        longest = max((len(seq) for seq in tokens), default=0)
+        longest = max((len(seq) for seq in group.tokens), default=0)
         if longest > max_token_len:
             return f"a sequence has {longest} tokens, over max_token_len {max_token_len}"
-    if require_trained_tokens and all(all(m == MASK_IGNORE_INDEX for m in row) for row in masks):
+    if require_trained_tokens and all(
+        all(m == MASK_IGNORE_INDEX for m in row) for row in group.masks
+    ):
         return "every position is masked (-100): nothing to train on"
     return None

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from abc import ABC
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field
 
@@ -31,6 +31,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.errors import ConfigError
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
@@ -122,8 +123,12 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         )
         return payload["prompt_topk_token_ids"], payload["prompt_topk_logprobs"]
 
-    async def _attach_teacher_distillation(self, group: ScoredDataGroup) -> ScoredDataGroup:
+    async def _attach_teacher_distillation(
+        self, group: ScoredDataGroup | ScoredData
+    ) -> ScoredDataGroup:
         """Fill the group's distill arrays; on any teacher failure set both to None (logged)."""
+        if isinstance(group, ScoredData):
+            group = cast(ScoredDataGroup, group.wire())
         if self.teacher_server is None:
             return group
         overrides = group.get("group_overrides") or {}
@@ -166,12 +171,12 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> None:
-        if isinstance(scored_data, dict):
+        if isinstance(scored_data, dict | ScoredData):
             scored_data = await self._attach_teacher_distillation(scored_data)
         elif scored_data is not None:
             scored_data = [
                 None if g is None else await self._attach_teacher_distillation(g)
-                for g in scored_data
+                for g in cast(Sequence[ScoredDataGroup | ScoredData | None], scored_data)
             ]
         await super().handle_send_to_api(
             scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from atroposlib.errors import AtroposError
-from atroposlib.protocol import ScoredData
+from atroposlib.group import ScoredData, invalid_group_reason
 
 logger = logging.getLogger(__name__)
 
@@ -49,22 +49,8 @@ def parse_group(raw: Any, *, where: str) -> dict[str, Any]:
     try:
         model = ScoredData.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "group"
-        raise GroupFileError(f"{where}: {field}: {first['msg']}") from err
-    group = model.model_dump(mode="json")
-    lengths = {len(group["tokens"]), len(group["masks"]), len(group["scores"])}
-    if len(lengths) != 1:
-        raise GroupFileError(
-            f"{where}: tokens, masks and scores must have one entry per sequence "
-            f"(got {len(group['tokens'])}, {len(group['masks'])}, {len(group['scores'])})"
-        )
-    for index, (tokens, masks) in enumerate(zip(group["tokens"], group["masks"], strict=True)):
-        if len(tokens) != len(masks):
-            raise GroupFileError(
-                f"{where}: masks[{index}] has {len(masks)} entries for {len(tokens)} tokens"
-            )
-    return group
+        raise GroupFileError(f"{where}: {invalid_group_reason(err)}") from err
+    return model.model_dump(mode="json")
 
 
 def _open_lines(path: str) -> Iterator[str]:

@@ -14,6 +14,8 @@ from typing import Self
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from atroposlib.protocol import INT32_MAX
+
 logger = logging.getLogger(__name__)
 
 
@@ -41,16 +43,23 @@ class ExportSettings(BaseSettings):
         description="Bearer token of the broker, when it requires one (or ATROPOS_API_KEY).",
     )
     group_size: int = Field(
-        default=2, gt=0, description="Sequences per group sent by the envs (sets the batch size)."
+        default=2,
+        gt=0,
+        le=INT32_MAX,
+        description="Sequences per group sent by the envs (sets the batch size).",
     )
     tasks_per_step: int = Field(
         default=64,
         gt=0,
+        le=INT32_MAX,
         description="Groups per batch pulled from the broker: "
         "batch_size = group_size * tasks_per_step.",
     )
     max_token_len: int = Field(
-        default=2048, gt=0, description="Longest sequence accepted; longer ones are skipped."
+        default=2048,
+        gt=0,
+        le=INT32_MAX,
+        description="Longest sequence accepted; longer ones are skipped.",
     )
     tokenizer: str | None = Field(
         default=None,
@@ -61,7 +70,7 @@ class ExportSettings(BaseSettings):
         default=False, description="Save the chats (group 'messages') instead of decoded text."
     )
     num_seqs_to_save: int = Field(
-        default=100, gt=0, description="Stop after writing this many lines."
+        default=100, gt=0, le=INT32_MAX, description="Stop after writing this many lines."
     )
     allow_negative_scores: bool = Field(
         default=False,
@@ -110,6 +119,11 @@ class ExportSettings(BaseSettings):
                 "--tokenizer is required to decode tokens into text; pass the generating "
                 "model's tokenizer (hub name or folder), or use --save-messages"
             )
+        if self.batch_size > INT32_MAX:
+            raise ValueError(
+                f"--group-size x --tasks-per-step = {self.batch_size} sequences per batch is "
+                f"more than the broker accepts ({INT32_MAX}); lower one of them"
+            )
         if self.dry_run and self.reset_broker:
             raise ValueError("--dry-run changes nothing, so it cannot --reset-broker; drop one")
         if self.input and self.reset_broker:
@@ -127,7 +141,10 @@ class SftSettings(ExportSettings):
     """SFT lines (rejection sampling); ``filepath`` is the positional output path."""
 
     save_top_n_per_group: int = Field(
-        default=3, gt=0, description="Keep at most this many of each group's best sequences."
+        default=3,
+        gt=0,
+        le=INT32_MAX,
+        description="Keep at most this many of each group's best sequences.",
     )
 
 
@@ -135,7 +152,10 @@ class DpoSettings(ExportSettings):
     """DPO pairs (best vs worst); ``filepath`` is the positional output path."""
 
     save_n_pairs_per_group: int = Field(
-        default=3, gt=0, description="Make at most this many (chosen, rejected) pairs per group."
+        default=3,
+        gt=0,
+        le=INT32_MAX,
+        description="Make at most this many (chosen, rejected) pairs per group.",
     )
     minimum_score_diff_max_min: float = Field(
         default=0.5,

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=10,
     )
 

@@ -86,6 +86,7 @@ async def completions(body: CompletionRequest, request: Request) -> CompletionRe
     done = await run_job(request, state.scheduler, todo)
     if isinstance(done, Response):
         return done
+    state.sample_log.record(done)
     choices = [
         CompletionChoice(
             index=i,
@@ -128,6 +129,7 @@ async def chat_completions(
     done = await run_job(request, state.scheduler, todo)
     if isinstance(done, Response):
         return done
+    state.sample_log.record(done)
     choices = [
         ChatChoice(
             index=i,

@@ -59,6 +59,11 @@ class InferenceSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Logging level of the server process."
     )
+    sample_log: Path | None = Field(
+        default=None,
+        description="Test mode: append every sampled sequence (prompt ids, output ids, "
+        "logprobs) to this JSONL file, to check clients train on exactly what was sampled.",
+    )
 
     @model_validator(mode="after")
     def _model_folder_exists(self) -> InferenceSettings:

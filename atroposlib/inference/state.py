@@ -9,6 +9,7 @@ from functools import lru_cache
 from fastapi import Request
 
 from atroposlib.inference.engine import ModelRunner
+from atroposlib.inference.sample_log import SampleLog
 from atroposlib.inference.scheduler import Scheduler
 from atroposlib.inference.settings import InferenceSettings
 
@@ -25,6 +26,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
+        self.sample_log = SampleLog(self.settings.sample_log)
 
     @property
     def model_names(self) -> list[str]:

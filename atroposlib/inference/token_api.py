@@ -65,6 +65,7 @@ async def generate(
     done = await run_job(request, state.scheduler, sequences(prompts, sp.n, params, limits))
     if isinstance(done, Response):
         return done
+    state.sample_log.record(done)
     answers = [_answer(seq, body.return_logprob) for seq in done]
     if body.return_logprob and body.logprob_start_len >= 0:
         await _add_prompt_logprobs(state.runner, answers, prompts, sp.n, body)

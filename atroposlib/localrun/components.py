@@ -92,6 +92,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
          *(["--time_limit_s", str(settings.minutes * 60)] if settings.minutes else []),
+         "--loss.behavior_logprobs", settings.behavior_logprobs,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads)},
     )  # fmt: skip

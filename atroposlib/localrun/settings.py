@@ -86,6 +86,11 @@ class LocalRunSettings(BaseSettings):
     startup_timeout_s: float = Field(
         default=600.0, gt=0, description="How long each component may take to become healthy."
     )
+    behavior_logprobs: Literal["trainer", "inference"] = Field(
+        default="trainer",
+        description="Old policy of the trainer's ratio: its own logprobs, or the inference "
+        "server's logprobs of the sampled tokens (the env sends them: token-in/token-out).",
+    )
     trainer_args: list[str] = Field(
         default_factory=list, description="Extra flags for the trainer (atropos-grpo)."
     )

@@ -4,7 +4,8 @@ Each step shows the player's sum, the dealer's card and whether an ace is usable
 answers ``<action>hit</action>`` or ``<action>stick</action>``. The episode's reward is the
 game's (+1 win, 0 push, -1 loss, +1.5 natural blackjack when ``natural``); an unreadable
 action forfeits the hand (``invalid_action_reward``). All ``group_size`` episodes of a group
-start from the same seed, so they see the same first cards.
+start from the same seed, so they see the same first cards. Each episode is one trajectory in
+token ids: every step's request continues from exactly the ids of the steps before.
 """
 
 import asyncio
@@ -14,10 +15,12 @@ import re
 import gymnasium as gym
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 RULES = (
     "You play blackjack against the dealer. Each turn, reply <action>hit</action> to take a "
@@ -62,7 +65,11 @@ class BlackjackEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         self.rng = random.Random(self.config.seed)
@@ -70,31 +77,34 @@ class BlackjackEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         return {"seed": self.rng.randrange(2**31)}
 
-    async def episode(self, seed: int) -> tuple[list[dict], float]:
+    async def episode(self, sampler: TokenSampler, seed: int) -> tuple[Trajectory, float]:
         game = gym.make("Blackjack-v1", natural=self.config.natural)
         observation, _ = game.reset(seed=seed)
-        chat = [{"role": "system", "content": RULES}]
-        reward, done = 0.0, False
-        while not done:
-            chat.append({"role": "user", "content": describe(observation)})
-            completion = await self.server.chat_completion(
-                messages=chat, n=1, max_tokens=self.config.max_completion_tokens
-            )
-            reply = completion.choices[0].message.content or ""
-            chat.append({"role": "assistant", "content": reply})
-            action = parse_action(reply)
+        trajectory = sampler.start(
+            [
+                {"role": "system", "content": RULES},
+                {"role": "user", "content": describe(observation)},
+            ]
+        )
+        reward = 0.0
+        while True:
+            [trajectory] = await sampler.sample(trajectory)
+            action = parse_action(trajectory.reply)
             if action is None:
-                return chat, self.config.invalid_action_reward
+                return trajectory, self.config.invalid_action_reward
             observation, step_reward, terminated, truncated, _ = game.step(action)
-            reward, done = float(step_reward), terminated or truncated
-        game.close()
-        return chat, reward
+            reward = float(step_reward)
+            if terminated or truncated:
+                game.close()
+                return trajectory, reward
+            step = {"role": "user", "content": describe(observation)}
+            trajectory = sampler.add_messages(trajectory, [step])
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        runs = [self.episode(item["seed"]) for _ in range(self.config.group_size)]
-        chats, rewards = zip(*await asyncio.gather(*runs), strict=True)
-        group = chat_group(self.tokenizer, chats, rewards, train_on_all_assistant_turns=True)
-        return group, []
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        sampler = self.token_sampler()
+        runs = [self.episode(sampler, item["seed"]) for _ in range(self.config.group_size)]
+        trajectories, rewards = zip(*await asyncio.gather(*runs), strict=True)
+        return sampler.group(trajectories, rewards), []
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.code_rewards import (
     extract_python_code,
     pass_at_k,
@@ -24,10 +24,10 @@ from atroposlib.envs.reward_fns.code_rewards import (
 )
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.errors import SandboxError
+from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, SandboxStatus, arun_python
 from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 HERE = Path(__file__).resolve().parent
 logger = logging.getLogger(__name__)
@@ -106,7 +106,11 @@ class CodeEvalEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=50,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         check_env_sandbox(self, self.config.sandbox)
@@ -138,12 +142,11 @@ class CodeEvalEnv(BaseEnv):
         )  # fmt: skip
         return [choice.message.content or "" for choice in completion.choices]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        replies = await self.sample(item, self.config.group_size, 1.0)
-        results = await gather_runs(self, (self.check(reply, item) for reply in replies))
-        scores = [problem_score(result) for result in results]
-        chats = [[*self.prompt(item), {"role": "assistant", "content": r}] for r in replies]
-        return chat_group(self.tokenizer, chats, scores), []
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        sampler = self.token_sampler()
+        replies = await sampler.sample(sampler.start(self.prompt(item)), n=self.config.group_size)
+        results = await gather_runs(self, (self.check(r.reply, item) for r in replies))
+        return sampler.group(replies, [problem_score(result) for result in results]), []
 
     async def evaluate(self, *args, **kwargs) -> None:
         started, n = time.time(), self.config.eval_samples

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.code_rewards import (
     execution_reward,
     extract_python_code,
@@ -24,10 +24,10 @@ from atroposlib.envs.reward_fns.code_rewards import (
     tested_functions,
 )
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_io, arun_python
 from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group, sample_replies
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = "You write Python. Reply with one ```python code block and nothing else."
@@ -98,7 +98,11 @@ class CodeExecutionEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         check_env_sandbox(self, self.config.sandbox)
@@ -123,25 +127,18 @@ class CodeExecutionEnv(BaseEnv):
                                       limits=limits)]  # fmt: skip
         return [await arun_python(code, limits=limits)]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         chat = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_prompt(item)},
         ]
-        replies = await sample_replies(
-            self.server,
-            chat,
-            n=self.config.group_size,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=self.config.temperature,
-        )
-        results = await gather_runs(self, (self.run_code(reply, item) for reply in replies.texts))
-        group = chat_group(
-            self.tokenizer,
-            replies.chats(),
+        sampler = self.token_sampler()
+        replies = await sampler.sample(sampler.start(chat), n=self.config.group_size)
+        results = await gather_runs(self, (self.run_code(r.reply, item) for r in replies))
+        group = sampler.group(
+            replies,
             [score_runs(runs, item, self.config.mode) for runs in results],
-            finish_reasons=replies.finish_reasons,
-            overrides=[{"sandbox_status": worst_status(runs)} for runs in results],
+            extra=[{"sandbox_status": worst_status(runs)} for runs in results],
         )
         return group, []
 

@@ -14,14 +14,16 @@ import random
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.answers import extract_answer_tag
 from atroposlib.envs.reward_fns.code_rewards import extract_python_code, outputs_match
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.group import ScoredData
 from atroposlib.sandbox import SandboxLimits, SandboxResult, arun_python
 from atroposlib.sandbox.envs import check_env_sandbox, gather_runs
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 THEMES = ["string slicing", "integer division", "list comprehensions", "dictionaries",
           "recursion", "sorting with keys", "sets", "bit operations", "while loops"]  # fmt: skip
@@ -91,7 +93,11 @@ class CodeGameEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         check_env_sandbox(self, self.config.sandbox)
@@ -100,12 +106,8 @@ class CodeGameEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         return {"theme": self.rng.choice(THEMES)}
 
-    async def ask(self, content: str, n: int) -> tuple[list[dict], list[str]]:
-        chat = [{"role": "user", "content": content}]
-        completion = await self.server.chat_completion(
-            messages=chat, n=n, max_tokens=self.config.max_completion_tokens
-        )
-        return chat, [choice.message.content or "" for choice in completion.choices]
+    async def ask(self, sampler: TokenSampler, content: str, n: int) -> list[Trajectory]:
+        return await sampler.sample(sampler.start([{"role": "user", "content": content}]), n=n)
 
     async def run_repeatedly(self, code: str) -> list[SandboxResult]:
         """The program's runs, each with its own hash seed (set iteration order, ``hash()``);
@@ -115,23 +117,23 @@ class CodeGameEnv(BaseEnv):
             for seed in range(1, self.config.determinism_runs + 1)
         ))  # fmt: skip
 
-    async def predict(self, code: str, output: str) -> tuple[ScoredDataGroup, float]:
+    async def predict(self, code: str, output: str) -> tuple[ScoredData, float]:
         """The predictor's group for one program and the share of right guesses."""
-        k = self.config.predictor_samples
-        chat, guesses = await self.ask(PREDICTOR_PROMPT.format(code=code), k)
-        right = [same_output(extract_answer_tag(guess), output) for guess in guesses]
-        chats = [[*chat, {"role": "assistant", "content": g}] for g in guesses]
-        group = chat_group(
-            self.tokenizer, chats, [1.0 if r else -1.0 for r in right],
+        k, sampler = self.config.predictor_samples, self.token_sampler()
+        guesses = await self.ask(sampler, PREDICTOR_PROMPT.format(code=code), k)
+        right = [same_output(extract_answer_tag(guess.reply), output) for guess in guesses]
+        group = sampler.group(
+            guesses, [1.0 if r else -1.0 for r in right],
             overrides=[{"role": "predictor"}] * k, group_overrides={"group_size": k},
         )  # fmt: skip
         return group, sum(right) / k
 
-    async def collect_trajectories(self, item: Item) -> tuple[list[ScoredDataGroup], list[Item]]:
-        chat, programs = await self.ask(
-            WRITER_PROMPT.format(theme=item["theme"]), self.config.group_size
+    async def collect_trajectories(self, item: Item) -> tuple[list[ScoredData], list[Item]]:
+        sampler = self.token_sampler()
+        programs = await self.ask(
+            sampler, WRITER_PROMPT.format(theme=item["theme"]), self.config.group_size
         )
-        codes = [extract_python_code(program) for program in programs]
+        codes = [extract_python_code(program.reply) for program in programs]
         runs = await gather_runs(self, (self.run_repeatedly(code) for code in codes))
         outcomes = [playable(program_runs) for program_runs in runs]
         ready = [i for i, (status, _) in enumerate(outcomes) if status == "ok"]
@@ -139,10 +141,9 @@ class CodeGameEnv(BaseEnv):
         writer_scores = [-1.0] * len(programs)
         for index, (_, share_right) in zip(ready, predictions, strict=True):
             writer_scores[index] = 1.0 - 2.0 * share_right
-        writer = chat_group(
-            self.tokenizer, [[*chat, {"role": "assistant", "content": p}] for p in programs],
-            writer_scores,
-            overrides=[{"role": "writer", "sandbox_status": status} for status, _ in outcomes],
+        writer = sampler.group(
+            programs, writer_scores, overrides=[{"role": "writer"}] * len(programs),
+            extra=[{"sandbox_status": status} for status, _ in outcomes],
         )  # fmt: skip
         return [writer, *(group for group, _ in predictions)], []
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.answers import extract_final_number
 from atroposlib.envs.reward_fns.math_rewards import gsm8k_reward
+from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = (
@@ -58,7 +59,9 @@ class GSM8KEnv(BaseEnv):
             steps_per_eval=50,
             total_steps=500,
         )
-        server = APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")
+        server = APIServerConfig(
+            model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+        )
         return config, [server]
 
     async def setup(self) -> None:
@@ -78,7 +81,7 @@ class GSM8KEnv(BaseEnv):
             {"role": "user", "content": question},
         ]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         group = await sample_group(
             self.server,
             self.tokenizer,

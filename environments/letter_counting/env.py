@@ -12,12 +12,13 @@ import time
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, normalize_number
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 WORDS = [
     "strawberry",
@@ -116,7 +117,11 @@ class LetterCountingEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=50,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         self.rng = random.Random(self.config.seed)
@@ -129,7 +134,7 @@ class LetterCountingEnv(BaseEnv):
     def prompt(self, question: str) -> list[dict]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         weight = self.config.format_weight
         group = await sample_group(
             self.server,

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.answers import extract_boxed
 from atroposlib.envs.reward_fns.math_rewards import boxed_math_reward
+from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = "Solve the problem. Put the final answer in \\boxed{}."
@@ -65,7 +66,11 @@ class MathEnv(BaseEnv):
             total_steps=1000,
             steps_per_eval=100,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         self.train = load_split(self.config, "train")
@@ -81,7 +86,7 @@ class MathEnv(BaseEnv):
     def prompt(self, problem: str) -> list[dict]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         group = await sample_group(
             self.server,
             self.tokenizer,

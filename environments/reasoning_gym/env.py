@@ -21,7 +21,7 @@ import reasoning_gym
 from pydantic import Field, field_validator
 from reasoning_gym.factory import DATASETS
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.evaluation import gather_with_progress
 from atroposlib.envs.heldout import (
     Disjointness,
@@ -37,9 +37,10 @@ from atroposlib.envs.reward_fns.format_rewards import (
     answer_tag_partial_format_reward,
 )
 from atroposlib.envs.reward_fns.graded import grade_answer
+from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import greedy_reply, sample_group
 
 SYSTEM_PROMPT = "Reply with the final answer inside <answer></answer>."
 
@@ -138,7 +139,11 @@ class ReasoningGymEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=50,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         """Training stream and held-out set from disjoint slices; refuses to start if they meet."""
@@ -159,7 +164,7 @@ class ReasoningGymEnv(BaseEnv):
     def prompt(self, question: str) -> list[dict]:
         return chat_prompt(self.config, question)
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         entry, dataset = item["entry"], self.scorers[item["task"]]
         weight, lenient = self.config.format_weight, self.config.lenient_answers
         partial = self.config.partial_format

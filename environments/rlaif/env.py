@@ -14,10 +14,10 @@ from pathlib import Path
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 HERE = Path(__file__).resolve().parent
 JUDGE_PROMPT = (
@@ -71,7 +71,11 @@ class RLAIFEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         if self.config.data_path is None:
@@ -99,19 +103,15 @@ class RLAIFEnv(BaseEnv):
         )  # fmt: skip
         return parse_verdict(completion.choices[0].message.content or "")
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        chat = [{"role": "user", "content": item["prompt"]}]
-        completion = await self.server.chat_completion(
-            messages=chat, n=2, max_tokens=self.config.max_completion_tokens
-        )
-        first, second = (choice.message.content or "" for choice in completion.choices)
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        sampler = self.token_sampler()
+        start = sampler.start([{"role": "user", "content": item["prompt"]}])
+        answers = await sampler.sample(start, n=2)
+        first, second = (answer.reply for answer in answers)
         verdicts = await asyncio.gather(
             self.judge(item["prompt"], first, second), self.judge(item["prompt"], second, first)
         )
-        chats = [[*chat, {"role": "assistant", "content": answer}] for answer in (first, second)]
-        group = chat_group(
-            self.tokenizer, chats, pair_scores(*verdicts), group_overrides={"group_size": 2}
-        )
+        group = sampler.group(answers, pair_scores(*verdicts), group_overrides={"group_size": 2})
         return group, []
 
 

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.errors import ConfigError
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
 from atroposlib.utils.chat_group import chat_group
 
@@ -66,7 +67,11 @@ class SFTLoaderEnv(BaseEnv):
             steps_per_eval=0,
             ensure_scores_are_not_same=False,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     def rows(self) -> Iterator[dict]:
         for _ in range(self.config.epochs):
@@ -93,7 +98,7 @@ class SFTLoaderEnv(BaseEnv):
             logger.warning("SFT row %d skipped: no messages/prompt+completion", self.skipped)
         return None
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         group = chat_group(
             self.tokenizer, [item], [1.0],
             overrides=[{"sft": True}], group_overrides={"sft": True, "group_size": 1},

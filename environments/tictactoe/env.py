@@ -1,9 +1,10 @@
 """Tic-tac-toe self-play: the same model plays X and O, one request per move.
 
-Each player's sequence is its own multi-turn chat (the board before each of its moves, its
-replies) and carries ``overrides[i]["role"]`` = ``"X"`` or ``"O"`` for role-conditioned
-baselines. Rewards: win +1, draw 0, loss -1; an illegal or unreadable move loses at once
-(-1) and the opponent scores 0. A group is ``group_size // 2`` games, X and O of each.
+Each player's sequence is its own multi-turn trajectory in token ids (the board before each
+of its moves, its sampled replies; each move's request continues from exactly those ids) and
+carries ``overrides[i]["role"]`` = ``"X"`` or ``"O"`` for role-conditioned baselines.
+Rewards: win +1, draw 0, loss -1; an illegal or unreadable move loses at once (-1) and the
+opponent scores 0. A group is ``group_size // 2`` games, X and O of each.
 """
 
 import asyncio
@@ -11,10 +12,12 @@ import re
 
 from pydantic import Field, model_validator
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 RULES = (
@@ -89,49 +92,53 @@ class TicTacToeEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def get_next_item(self) -> Item:
         return {}
 
-    async def play(self) -> dict[str, tuple[list[dict], float]]:
-        """One game; each role's chat and reward."""
+    async def play(self, sampler: TokenSampler) -> dict[str, tuple[Trajectory, float]]:
+        """One game; each role's trajectory and reward."""
         board = [""] * 9
-        chats = {role: [{"role": "system", "content": RULES.format(role=role)}] for role in "XO"}
+        rules = {role: {"role": "system", "content": RULES.format(role=role)} for role in "XO"}
+        sides = {role: sampler.start([rules[role]]) for role in "XO"}
         role = "X"
         while True:
-            chat = chats[role]
             board_text = f"You are {role}. Board:\n{render(board)}\nYour move."
-            chat.append({"role": "user", "content": board_text})
-            completion = await self.server.chat_completion(
-                messages=chat,
-                n=1,
-                max_tokens=self.config.max_completion_tokens,
-                temperature=self.config.temperature,
+            turn = {"role": "user", "content": board_text}
+            side = sides[role]
+            side = (
+                sampler.add_messages(side, [turn])
+                if side.turns
+                else sampler.start([rules[role], turn])
             )
-            reply = completion.choices[0].message.content or ""
-            chat.append({"role": "assistant", "content": reply})
+            [sides[role]] = await sampler.sample(side)
             other = "O" if role == "X" else "X"
-            cell = parse_move(reply, board)
+            cell = parse_move(sides[role].reply, board)
             if cell is None:
-                return {role: (chat, -1.0), other: (chats[other], 0.0)}
+                return {role: (sides[role], -1.0), other: (sides[other], 0.0)}
             board[cell] = role
             result = winner(board)
             if result == "draw":
-                return {r: (chats[r], 0.0) for r in "XO"}
+                return {r: (sides[r], 0.0) for r in "XO"}
             if result == role:
-                return {role: (chat, 1.0), other: (chats[other], -1.0)}
+                return {role: (sides[role], 1.0), other: (sides[other], -1.0)}
             role = other
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        games = await asyncio.gather(*(self.play() for _ in range(self.config.group_size // 2)))
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        sampler = self.token_sampler()
+        games = await asyncio.gather(
+            *(self.play(sampler) for _ in range(self.config.group_size // 2))
+        )
         sides = [(role, *game[role]) for game in games for role in "XO"]
-        group = chat_group(
-            self.tokenizer,
-            [chat for _, chat, _ in sides],
+        group = sampler.group(
+            [trajectory for _, trajectory, _ in sides],
             [score for _, _, score in sides],
             overrides=[{"role": role} for role, _, _ in sides],
-            train_on_all_assistant_turns=True,
         )
         return group, []
 

@@ -2,7 +2,10 @@
 blocks; each turn's calls must equal the expected ones exactly (after argument normalisation:
 key order, ``2`` vs ``2.0``, surrounding spaces, JSON-string arguments; parallel calls in any
 order). The episode score is the mean turn reward (1 match, 0 mismatch, -0.5 malformed JSON).
-Later turns see the expected tool results, so one wrong call does not derail the rest.
+Later turns see the expected tool results, so one wrong call does not derail the rest. An
+episode is one trajectory in token ids: each turn's request continues from exactly the ids of
+the turns before (sampled replies, then the template's ids of the tool results and next user
+message).
 Rows: ``{"tools": [...], "turns": [{"user", "expected_calls", "tool_results"}]}``.
 """
 
@@ -13,11 +16,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.tool_call_rewards import tool_call_match_reward
+from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.trajectory import Trajectory
+from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
-from atroposlib.utils.chat_group import chat_group, sample_group
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_PROMPT = (
@@ -56,7 +61,11 @@ class ToolCallingEnv(BaseEnv):
             total_steps=500,
             steps_per_eval=0,
         )
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1")]
+        return config, [
+            APIServerConfig(
+                model_name="default", base_url="http://localhost:9001/v1", server_type="embedded"
+            )
+        ]
 
     async def setup(self) -> None:
         self.rows = load_rows(self.config.data_path)
@@ -68,52 +77,40 @@ class ToolCallingEnv(BaseEnv):
         self.index += 1
         return row
 
-    async def episode(self, row: dict) -> tuple[list[dict], float]:
-        """One rollout through every turn; returns the chat and its mean turn reward."""
-        chat = system_prompt(row)
+    async def episode(self, sampler: TokenSampler, row: dict) -> tuple[Trajectory, float]:
+        """One rollout through every turn; returns the trajectory and its mean turn reward."""
+        first = {"role": "user", "content": row["turns"][0]["user"]}
+        trajectory = sampler.start([*system_prompt(row), first])
         rewards = []
-        for turn in row["turns"]:
-            chat.append({"role": "user", "content": turn["user"]})
-            completion = await self.server.chat_completion(
-                messages=chat,
-                n=1,
-                max_tokens=self.config.max_completion_tokens,
-                temperature=self.config.temperature,
-            )
-            reply = completion.choices[0].message.content or ""
-            rewards.append(tool_call_match_reward([reply], [turn["expected_calls"]])[0])
-            chat.append({"role": "assistant", "content": reply})
-            for result in turn["tool_results"]:
-                chat.append({"role": "tool", "content": f"<tool_response>{result}</tool_response>"})
-        return chat, sum(rewards) / len(rewards)
+        for index, turn in enumerate(row["turns"]):
+            if index > 0:
+                previous = row["turns"][index - 1]["tool_results"]
+                results = [
+                    {"role": "tool", "content": f"<tool_response>{result}</tool_response>"}
+                    for result in previous
+                ]
+                user = {"role": "user", "content": turn["user"]}
+                trajectory = sampler.add_messages(trajectory, [*results, user])
+            [trajectory] = await sampler.sample(trajectory)
+            rewards.append(tool_call_match_reward([trajectory.reply], [turn["expected_calls"]])[0])
+        return trajectory, sum(rewards) / len(rewards)
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
+        sampler = self.token_sampler()
         if len(item["turns"]) == 1:  # one request with n choices
-            return await self.single_turn(item), []
+            return await self.single_turn(sampler, item), []
         episodes = await asyncio.gather(
-            *(self.episode(item) for _ in range(self.config.group_size))
+            *(self.episode(sampler, item) for _ in range(self.config.group_size))
         )
-        chats, scores = zip(*episodes, strict=True)
-        trim = [c if c[-1]["role"] == "assistant" else self.until_last_reply(c) for c in chats]
-        return chat_group(self.tokenizer, trim, scores, train_on_all_assistant_turns=True), []
+        trajectories, scores = zip(*episodes, strict=True)
+        return sampler.group(trajectories, scores), []
 
-    @staticmethod
-    def until_last_reply(chat: list[dict]) -> list[dict]:
-        last = max(i for i, message in enumerate(chat) if message["role"] == "assistant")
-        return chat[: last + 1]
-
-    async def single_turn(self, row: dict) -> ScoredDataGroup:
+    async def single_turn(self, sampler: TokenSampler, row: dict) -> ScoredData:
         turn = row["turns"][0]
-        expected = turn["expected_calls"]
-        return await sample_group(
-            self.server,
-            self.tokenizer,
-            [*system_prompt(row), {"role": "user", "content": turn["user"]}],
-            lambda replies: tool_call_match_reward(replies, [expected] * len(replies)),
-            n=self.config.group_size,
-            max_tokens=self.config.max_completion_tokens,
-            temperature=self.config.temperature,
-        )
+        start = sampler.start([*system_prompt(row), {"role": "user", "content": turn["user"]}])
+        replies = await sampler.sample(start, n=self.config.group_size)
+        expected = [turn["expected_calls"]] * len(replies)
+        return sampler.group(replies, tool_call_match_reward([r.reply for r in replies], expected))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,23 @@ BAD_GROUPS: list[tuple[str, dict[str, Any] | list[Any], str]] = [
     ("group_id too long", _with(group_id="x" * 201), "group_id"),
     ("generation_params list", _with(generation_params=[1]), "generation_params"),
     ("empty group", {"tokens": [], "masks": [], "scores": []}, "tokens"),
+    ("finish reason unknown", _with(finish_reasons=["stop", "eos"]), "finish_reasons[1]"),
+    ("finish reasons count", _with(finish_reasons=["stop"]), "finish_reasons"),
+    ("policy_versions text", _with(policy_versions=[1, "new"]), "policy_versions[1]"),
+    ("extra not objects", _with(extra=[{}, [1]]), "extra[1]"),
+    (
+        "token versions short",
+        _with(token_policy_versions=[[0] * 4, [0]]),
+        "token_policy_versions[1]",
+    ),
+    ("override sft text", _with(overrides=[{}, {"sft": "yes"}]), "overrides[1].sft"),
+    (
+        "override temperature 0",
+        _with(overrides=[{"temperature": 0}, {}]),
+        "overrides[0].temperature",
+    ),
+    ("group_size zero", _with(group_overrides={"group_size": 0}), "group_overrides.group_size"),
+    ("messages count", _with(messages=[[{"role": "user", "content": "hi"}]]), "messages"),
     ("group > batch_size", make_group(5), "tokens"),
     ("too long", make_group(1, length=33), "tokens"),
 ]
@@ -174,6 +191,22 @@ VALID_AND_INVALID_FOR_BOTH: list[dict[str, Any]] = [
     _with(policy_version=-1),
     _with(group_id="x" * 201),
     _with(generation_params=[1]),
+    _with(finish_reasons=["length", None], policy_versions=[3, None], extra=[{"a": [1]}, {}]),
+    _with(token_policy_versions=[[-1, -1, 2, 2], [-1, -1, 3, 3]]),
+    _with(overrides=[{"role": "X", "truncated": True, "mine": 1}, {"temperature": 1}]),
+    _with(group_overrides={"group_size": 2, "sft": False, "anything": "kept"}),
+    _with(finish_reasons=["stop", "eos"]),
+    _with(finish_reasons=["stop"]),
+    _with(policy_versions=[1, "new"]),
+    _with(extra=[{}, [1]]),
+    _with(token_policy_versions=[[0] * 4, [0]]),
+    _with(overrides=[{}, {"sft": "yes"}]),
+    _with(overrides=[{}, {"sft": 1}]),
+    _with(overrides=[{"temperature": 0}, {}]),
+    _with(overrides=[{"role": 3}, {}]),
+    _with(group_overrides={"group_size": 0}),
+    _with(group_overrides={"temperature": "hot"}),
+    _with(messages=[[{"role": "user", "content": "hi"}]]),
 ]
 
 
@@ -214,7 +247,8 @@ async def test_odd_values_never_cause_a_500_and_never_half_queue() -> None:
     rng = random.Random(0)
     fields = [*make_group(), "advantages", "ref_logprobs", "inference_logprobs", "overrides",
               "messages", "group_overrides", "env_id", "group_id", "policy_version",
-              "distill_token_ids", "generation_params"]  # fmt: skip
+              "distill_token_ids", "generation_params", "finish_reasons", "policy_versions",
+              "extra", "token_policy_versions"]  # fmt: skip
     async with in_process() as client:
         await client.post("/register", json=trainer_body(batch_size=4, max_token_len=32))
         queued = 0

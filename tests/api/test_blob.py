@@ -66,3 +66,25 @@ def test_packed_decoding_is_what_pack_group_makes_of_the_arrays(
     group = {"tokens": tokens, "masks": masks, "scores": [1.0, 0.0], "env_id": 1, **extra}
     blob = encode_group(check_group(group).group)
     assert decode_group(blob, packed=True) == codec.pack_group(decode_group(blob))
+
+
+def test_declared_sequence_fields_and_token_versions_round_trip() -> None:
+    group = {
+        "tokens": [[1, 2, 3], [1, 4]],
+        "masks": [[-100, 2, 3], [-100, 4]],
+        "scores": [1.0, 0.0],
+        "inference_logprobs": [[1.0, -0.5, -0.25], [1.0, -2.0]],
+        "token_policy_versions": [[-1, 7, 8], [-1, 7]],
+        "finish_reasons": ["stop", "length"],
+        "policy_versions": [7, 7],
+        "extra": [{"status": "ok"}, {"status": "timeout"}],
+        "overrides": [{"role": "X"}, {"role": "O", "truncated": True}],
+    }
+    blob = encode_group(check_group(group).group)
+    decoded = decode_group(blob)
+    assert [row.tolist() for row in decoded["token_policy_versions"]] == [[-1, 7, 8], [-1, 7]]
+    for key in ("finish_reasons", "policy_versions", "extra", "overrides", "scores"):
+        assert decoded[key] == group[key], key
+    packed = decode_group(blob, packed=True)
+    unpacked = codec.unpack_group(packed)
+    assert [row.tolist() for row in unpacked["token_policy_versions"]] == [[-1, 7, 8], [-1, 7]]

@@ -5,6 +5,11 @@ takes the first rule whose ``when`` occurs in its last user message (chat) or pr
 (completions); choice ``i`` of ``n`` gets ``replies[(k + i) % len(replies)]``, where ``k`` counts
 earlier choices served by that rule, so a rule walks through its replies. ``GET /requests``
 returns every request body received.
+
+With ``--tokenizer FOLDER`` it also answers SGLang's ``POST /generate`` (token ids in and out,
+what the catalogue envs use): the prompt ids are decoded to find the last user turn (ChatML),
+the reply is encoded and ends with the end-of-turn id, cut at ``max_new_tokens`` (finish
+reason ``length``). ``GET /sampled`` returns every sequence served there: prompt and output ids.
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 
 app = FastAPI()
-state: dict[str, Any] = {"rules": [], "served": {}, "requests": []}
+state: dict[str, Any] = {
+    "rules": [],
+    "served": {},
+    "requests": [],
+    "sampled": [],
+    "tokenizer": None,
+}
 
 
 def _replies(text: str, n: int) -> list[str]:
@@ -72,10 +83,48 @@ async def completions(request: Request) -> dict[str, Any]:
             "choices": choices}  # fmt: skip
 
 
+def _last_user_turn(prompt: str) -> str:
+    turns = [part for part in prompt.split("<|im_start|>") if part.startswith("user\n")]
+    return turns[-1].removeprefix("user\n").split("<|im_end|>")[0] if turns else prompt
+
+
+@app.post("/generate")
+async def generate(request: Request) -> Any:
+    body = await request.json()
+    state["requests"].append(body)
+    tokenizer = state["tokenizer"]
+    params = body.get("sampling_params") or {}
+    prompt_ids = body["input_ids"]
+    texts = _replies(_last_user_turn(tokenizer.decode(prompt_ids)), int(params.get("n") or 1))
+    limit = int(params.get("max_new_tokens") or 128)
+    out = []
+    for text in texts:
+        ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+        reason = {"type": "length"} if len(ids) > limit else {"type": "stop"}
+        ids = ids[:limit]
+        state["sampled"].append({"prompt_ids": prompt_ids, "output_ids": ids})
+        logprobs = [[-0.5, t, None] for t in ids]
+        meta = {"output_token_logprobs": logprobs, "finish_reason": reason,
+                "prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                "weight_version": 0}  # fmt: skip
+        out.append({"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta})
+    return out[0] if len(out) == 1 else out
+
+
+@app.get("/sampled")
+async def sampled() -> list[dict[str, Any]]:
+    return state["sampled"]  # type: ignore[no-any-return]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=str, default=None)
     args = parser.parse_args()
     state["rules"] = json.loads(args.script.read_text())
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        state["tokenizer"] = AutoTokenizer.from_pretrained(args.tokenizer)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)

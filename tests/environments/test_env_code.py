@@ -127,7 +127,7 @@ def test_code_execution_process_end_to_end(scripted, tmp_path: Path) -> None:
     groups = process_groups("code_execution", server, tmp_path, "--env.group_size=4")
     for group in groups:
         assert group["scores"] == [1.0, 0.5, -0.5, -1.0]
-        statuses = [o["sandbox_status"] for o in group["overrides"]]
+        statuses = [e["sandbox_status"] for e in group["extra"]]
         assert statuses == ["ok", "ok", "syntax_error", "runtime_error"]
 
 

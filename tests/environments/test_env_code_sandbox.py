@@ -10,8 +10,14 @@ import sys
 from typing import Any
 
 import pytest
-from envcat_testlib import ENVIRONMENTS, REPO_ROOT, child_env, load_env_module, tokenizer_path
-from test_env_games import FakeServer
+from envcat_testlib import (
+    ENVIRONMENTS,
+    REPO_ROOT,
+    TokenFake,
+    child_env,
+    load_env_module,
+    tokenizer_path,
+)
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.errors import ConfigError
@@ -30,7 +36,7 @@ def make_env(module: Any, cls_name: str, replies: Any, **config: Any) -> Any:
     env_cls = getattr(module, cls_name)
     settings = env_cls.env_config_cls(tokenizer_name=tokenizer_path(), **config)
     env = env_cls(settings, [APIServerConfig(model_name="x", base_url="http://127.0.0.1:9/v1")])
-    env.server = FakeServer(replies)
+    env.server = TokenFake(replies, env.tokenizer)
     return env
 
 
@@ -86,10 +92,10 @@ async def test_code_game_writer_with_nondeterministic_output_cannot_win() -> Non
     await env.setup()
     groups, _ = await env.collect_trajectories({"theme": "sets"})
     writer = groups[0]
-    statuses = [o["sandbox_status"] for o in writer["overrides"]]
+    statuses = [e["sandbox_status"] for e in writer.extra]
     assert statuses == ["ok", "nondeterministic", "nondeterministic", "ok"]
-    assert writer["scores"][1:3] == [-1.0, -1.0]  # the penalty of a broken program
-    assert writer["scores"][0] == 1.0  # deterministic and nobody guessed it
+    assert writer.scores[1:3] == [-1.0, -1.0]  # the penalty of a broken program
+    assert writer.scores[0] == 1.0  # deterministic and nobody guessed it
     assert len(groups) == 3  # only the deterministic programs were shown to the predictor
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import gymnasium as gym
 import pytest
-from envcat_testlib import load_env_module, process_groups
+from envcat_testlib import TokenFake, load_env_module, process_groups, tokenizer_path
 
 code_game = load_env_module("code_game")
 tictactoe = load_env_module("tictactoe")
@@ -17,26 +16,29 @@ blackjack = load_env_module("blackjack")
 FENCE = "```python\n{}\n```"
 
 
-class FakeServer:
-    """Unit-test stand-in for ``self.server``: replies chosen by a function of the chat."""
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
 
-    def __init__(self, choose: Any) -> None:
-        self.choose, self.calls = choose, 0
-
-    async def chat_completion(self, messages: list[dict], n: int = 1, **_: Any) -> Any:
-        self.calls += 1
-        replies = [self.choose(messages, i) for i in range(n)]
-        choices = [SimpleNamespace(message=SimpleNamespace(content=r), finish_reason="stop")
-                   for r in replies]  # fmt: skip
-        return SimpleNamespace(choices=choices)
+    return AutoTokenizer.from_pretrained(tokenizer_path())
 
 
-def bare_env(module: Any, cls_name: str, server: FakeServer, **config: Any) -> Any:
+def bare_env(module: Any, cls_name: str, server: TokenFake, **config: Any) -> Any:
     env_cls = getattr(module, cls_name)
     env = object.__new__(env_cls)
     env.config = env_cls.env_config_cls(**config)
     env.server = server
+    env._tokenizer = server.tokenizer
     return env
+
+
+def assert_token_exact(trajectory: Any, server: TokenFake) -> None:
+    """Each request continued from the trajectory's own ids; trained ids are the sampled ones."""
+    sampled = [(p, o) for p, o in server.sampled if trajectory.tokens[: len(p)] == p]
+    assert sampled, "no request sent a prefix of this trajectory"
+    for prompt, output in sampled:
+        assert trajectory.tokens[len(prompt) : len(prompt) + len(output)] == output
+    assert trajectory.sampled_ids == [t for _, output in sampled for t in output]
 
 
 # ---- code_game ----
@@ -69,14 +71,15 @@ def test_code_game_process_zero_sum_rewards_and_roles(scripted, tmp_path: Path) 
 # ---- tictactoe ----
 
 
-def scripted_moves(x_moves: list[int], o_moves: list[int]) -> FakeServer:
+def scripted_moves(x_moves: list[int], o_moves: list[int], tokenizer: Any) -> TokenFake:
     queues = {"X": list(x_moves), "O": list(o_moves)}
 
     def choose(messages: list[dict], _: int) -> str:
-        role = "X" if "You are X" in messages[-1]["content"] else "O"
+        users = [m for m in messages if m["role"] == "user"]
+        role = "X" if "You are X" in users[-1]["content"] else "O"
         return f"<move>{queues[role].pop(0)}</move>"
 
-    return FakeServer(choose)
+    return TokenFake(choose, tokenizer)
 
 
 @pytest.mark.parametrize(
@@ -89,13 +92,17 @@ def scripted_moves(x_moves: list[int], o_moves: list[int]) -> FakeServer:
         ([1], [10], {"X": 0.0, "O": -1.0}),  # O names a cell that does not exist
     ],
 )
-async def test_tictactoe_game_outcomes(x_moves, o_moves, rewards) -> None:
-    env = bare_env(tictactoe, "TicTacToeEnv", scripted_moves(x_moves, o_moves), group_size=2)
-    result = await env.play()
+async def test_tictactoe_game_outcomes(x_moves, o_moves, rewards, tokenizer) -> None:
+    server = scripted_moves(x_moves, o_moves, tokenizer)
+    env = bare_env(tictactoe, "TicTacToeEnv", server, group_size=2)
+    result = await env.play(env.token_sampler())
     assert {role: score for role, (_, score) in result.items()} == rewards
-    x_chat = result["X"][0]
+    x_chat = result["X"][0].messages
     assert x_chat[0]["role"] == "system" and "you are X" in x_chat[0]["content"]
     assert x_chat[-1]["role"] == "assistant"
+    for role in "XO":
+        if result[role][0].turns:
+            assert_token_exact(result[role][0], server)
 
 
 def test_tictactoe_rejects_odd_group_size() -> None:
@@ -121,23 +128,29 @@ def test_tictactoe_process_tags_roles(scripted, tmp_path: Path) -> None:
 # ---- blackjack ----
 
 
-async def test_blackjack_episode_matches_gymnasium() -> None:
+def blackjack_env(reply: str, tokenizer: Any, **config: Any) -> Any:
+    env = bare_env(blackjack, "BlackjackEnv", TokenFake(lambda m, i: reply, tokenizer), **config)
+    return env, env.token_sampler()
+
+
+async def test_blackjack_episode_matches_gymnasium(tokenizer) -> None:
     for seed in range(6):
-        env = bare_env(blackjack, "BlackjackEnv", FakeServer(lambda m, i: "<action>stick</action>"))
-        chat, reward = await env.episode(seed)
+        env, sampler = blackjack_env("<action>stick</action>", tokenizer)
+        trajectory, reward = await env.episode(sampler, seed)
         game = gym.make("Blackjack-v1", natural=True)
         game.reset(seed=seed)
         assert reward == game.step(0)[1]
-        assert [m["role"] for m in chat] == ["system", "user", "assistant"]
+        assert [m["role"] for m in trajectory.messages] == ["system", "user", "assistant"]
+        assert_token_exact(trajectory, env.server)
 
 
-async def test_blackjack_hitting_forever_busts_and_bad_replies_forfeit() -> None:
-    env = bare_env(blackjack, "BlackjackEnv", FakeServer(lambda m, i: "<action>hit</action>"))
-    chat, reward = await env.episode(1)
-    assert reward == -1.0 and len(chat) >= 3
-    bad = bare_env(blackjack, "BlackjackEnv", FakeServer(lambda m, i: "I'd rather not"),
-                   invalid_action_reward=-2.0)  # fmt: skip
-    assert (await bad.episode(1))[1] == -2.0
+async def test_blackjack_hitting_forever_busts_and_bad_replies_forfeit(tokenizer) -> None:
+    env, sampler = blackjack_env("<action>hit</action>", tokenizer)
+    trajectory, reward = await env.episode(sampler, 1)
+    assert reward == -1.0 and trajectory.turns >= 1
+    assert_token_exact(trajectory, env.server)
+    bad, sampler = blackjack_env("I'd rather not", tokenizer, invalid_action_reward=-2.0)
+    assert (await bad.episode(sampler, 1))[1] == -2.0
 
 
 @pytest.mark.slow

@@ -59,7 +59,7 @@ def test_process_scores_scripted_answers(scripted, tmp_path: Path) -> None:
         assert group["messages"][0][0]["role"] == "system"
         assert group["messages"][0][-1] == {"role": "assistant", "content": "So \\boxed{27}"}
         assert len(group["tokens"]) == len(group["masks"]) == 4
-    assert all(r["n"] == 4 for r in server.requests())
+    assert all(r["sampling_params"]["n"] == 4 for r in server.requests())
 
 
 @pytest.mark.slow

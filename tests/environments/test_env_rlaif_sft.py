@@ -33,7 +33,8 @@ def test_rlaif_process_pairs_with_group_size_override(scripted, tmp_path: Path) 
         assert group["scores"] == [1.0, -1.0]
         assert group["group_overrides"] == {"group_size": 2}
         assert [m[-1]["content"] for m in group["messages"]] == ["Good answer", "Bad answer"]
-    judged = [r for r in server.requests() if "Which response" in r["messages"][-1]["content"]]
+    chats = [r["messages"][-1]["content"] for r in server.requests() if "messages" in r]
+    judged = [content for content in chats if "Which response" in content]
     assert len(judged) == 2 * len(groups)  # both orders for each pair
 
 

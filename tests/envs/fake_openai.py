@@ -1,9 +1,10 @@
 """A fake OpenAI-compatible inference server: ``python fake_openai.py --port N``.
 
-Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"``. ``/generate``
-answers in the SGLang shape. ``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500),
-``hang`` (never answers), ``garbage`` (200 with a body that is not a completion),
-``reject`` (404) or back to ``ok``; ``GET /control`` returns the mode and request counts.
+Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"`` (followed by
+``--reply-words`` times ``" word"``). ``/generate`` answers in the SGLang shape (as many ids).
+``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500), ``hang`` (never answers),
+``garbage`` (200 with a body that is not a completion), ``reject`` (404) or back to ``ok``;
+``GET /control`` returns the mode and request counts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-state: dict[str, Any] = {"mode": "ok", "requests": 0, "served": 0}
+state: dict[str, Any] = {"mode": "ok", "requests": 0, "served": 0, "reply_words": 0}
 app = FastAPI()
 
 
@@ -32,6 +33,10 @@ async def _misbehave() -> Any:
         return PlainTextResponse("<html>definitely not json</html>")
     state["served"] += 1
     return None
+
+
+def _words() -> str:
+    return " word" * state["reply_words"]
 
 
 @app.post("/control")
@@ -64,7 +69,7 @@ async def chat(request: Request) -> Any:
         {
             "index": i,
             "finish_reason": "stop",
-            "message": {"role": "assistant", "content": f"The answer is {i}"},
+            "message": {"role": "assistant", "content": f"The answer is {i}" + _words()},
         }
         for i in range(int(body.get("n") or 1))
     ]
@@ -112,7 +117,8 @@ async def generate(request: Request) -> Any:
     out = []
     for prompt in prompts:
         for i in range(n):
-            ids = [100 + i, 200 + len(prompt) % 50, 2]
+            words = [300 + j for j in range(state["reply_words"])]
+            ids = [100 + i, 200 + len(prompt) % 50, *words, 2]
             out.append(
                 {
                     "text": f"gen {i}",
@@ -134,5 +140,7 @@ async def generate(request: Request) -> Any:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--reply-words", type=int, default=0)
     args = parser.parse_args()
+    state["reply_words"] = args.reply_words
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)

@@ -52,7 +52,7 @@ async def test_a_group_with_mismatched_lengths_is_not_sent_and_the_reason_is_log
     env.next_rollouts = [rollout(4, 1.0), rollout(4, 0.0, mask_length=3)]
     with caplog.at_level(logging.WARNING, logger="atroposlib.envs.base"):
         assert await env.run_item(1) == []
-    assert "masks[1] has 3 positions, tokens[1] has 4" in caplog.text
+    assert "masks[1] has 3 values but tokens[1] has 4" in caplog.text
     assert sum(env.perf.rejected.values()) == 1
 
 

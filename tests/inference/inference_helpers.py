@@ -23,6 +23,7 @@ class RunningServer:
     model_path: Path
     process: subprocess.Popen[bytes]
     name: str = SERVED_NAME
+    log_path: Path | None = None
 
 
 def free_port() -> int:
@@ -46,7 +47,7 @@ def start_server(
             raise RuntimeError(f"server exited with {process.returncode}: {log_path.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return RunningServer(url, model_path, process)
+                return RunningServer(url, model_path, process, log_path=log_path)
         except httpx.HTTPError:
             pass
         time.sleep(0.5)

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import SERVED_NAME
+from inference_helpers import SERVED_NAME, RunningServer
 
 from atroposlib.protocol import ChatCompletionResponse, CompletionResponse, GenerateResponse
 
@@ -340,3 +340,17 @@ def test_bad_requests_get_4xx_naming_the_field(
         response = client.post(path, json=body)
     assert response.status_code == status, response.text
     assert field in str(response.json()["detail"])
+
+
+def test_requests_leave_no_access_log_lines_at_info(
+    client: httpx.Client, server: RunningServer
+) -> None:
+    """A demo sends ~600 requests; at the default log level none is a log line of its own."""
+    answer = client.post(
+        "/v1/completions", json={"model": server.name, "prompt": "Hi", "max_tokens": 2}
+    )
+    assert answer.status_code == 200
+    assert server.log_path is not None
+    log = server.log_path.read_text()
+    assert "Uvicorn running" in log or "Application startup complete" in log
+    assert "POST /v1/completions" not in log

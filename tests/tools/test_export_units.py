@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 from collections import Counter
 from typing import Any
 
@@ -150,3 +151,24 @@ def test_broker_source_resets_only_when_told() -> None:
     )
     assert list(told.batches()) == []
     assert resets == [True]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"tokens": [[1, 2]], "masks": [[1]], "scores": [1.0]}', "masks[0] has 1 values"),
+        ('{"tokens": [[1]], "masks": [[1]], "scores": [1.0, 0.0]}', "tokens has 1 sequences"),
+        ('{"tokens": [[1]], "masks": [[1]], "scores": [1.0], "finish_reasons": ["eos"]}',
+         "finish_reasons.0"),
+        ("not json", "not JSON"),
+    ],
+)  # fmt: skip
+def test_a_bad_dump_line_names_the_file_line_and_field(
+    tmp_path: Any, line: str, expected: str
+) -> None:
+    from atroposlib.export.groups import GroupFileError, read_group_files
+
+    dump = tmp_path / "groups.jsonl"
+    dump.write_text('{"tokens": [[1]], "masks": [[1]], "scores": [1.0]}\n' + line + "\n")
+    with pytest.raises(GroupFileError, match=rf"groups\.jsonl:2: .*{re.escape(expected)}"):
+        list(read_group_files([str(dump)]))

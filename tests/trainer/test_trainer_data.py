@@ -78,12 +78,20 @@ def test_zero_variance_groups_are_masked_unless_disabled() -> None:
 
 
 def test_truncated_completions_masked_when_asked() -> None:
-    overrides = [{"truncated": True}, {"finish_reason": "length"}, {}]
-    group = make_group(rng(), [0.0, 1.0, 0.5], overrides=overrides)
+    overrides = [{"truncated": True}, {}, {}, {}]
+    group = make_group(rng(), [0.0, 1.0, 0.5, 0.2], overrides=overrides)
+    group["finish_reasons"] = ["stop", "length", "stop", "abort"]
     samples, _, stats = batch_to_samples([group], LossConfig(mask_truncated=True))
-    assert [s.weight for s in samples] == [0.0, 0.0, 1.0] and stats.truncated_masked == 2
+    assert [s.weight for s in samples] == [0.0, 0.0, 1.0, 1.0] and stats.truncated_masked == 2
     unmasked, _, _ = batch_to_samples([group], LossConfig())
-    assert [s.weight for s in unmasked] == [1.0] * 3
+    assert [s.weight for s in unmasked] == [1.0] * 4
+
+
+def test_a_group_with_invalid_metadata_is_skipped_and_counted() -> None:
+    good = make_group(rng(), [0.0, 1.0])
+    bad = make_group(rng(), [0.0, 1.0], overrides=[{"sft": "yes"}, {}])
+    samples, _, stats = batch_to_samples([bad, good], LossConfig())
+    assert len(samples) == 2 and stats.invalid_groups == 1
 
 
 def test_spiral_roles_from_sequence_and_group_overrides() -> None:

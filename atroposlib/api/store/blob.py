@@ -18,7 +18,12 @@ import numpy as np
 import orjson
 
 from atroposlib.errors import InvalidGroupError
-from atroposlib.protocol import MASK_IGNORE_INDEX, PACKED_FLOAT_FIELDS, SCORED_DATA_FIELDS
+from atroposlib.protocol import (
+    MASK_IGNORE_INDEX,
+    PACKED_FLOAT_FIELDS,
+    PACKED_INT_FIELDS,
+    SCORED_DATA_FIELDS,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +31,8 @@ _INT = np.dtype("<i4")
 _SHORT = np.dtype("<u2")
 _FLOAT = np.dtype("<f4")
 _FLAG = np.dtype("u1")
-_ARRAY_FIELDS = frozenset(("tokens", "masks", *PACKED_FLOAT_FIELDS))
+_OTHER_INT_FIELDS = tuple(f for f in PACKED_INT_FIELDS if f not in ("tokens", "masks"))
+_ARRAY_FIELDS = frozenset(("tokens", "masks", *_OTHER_INT_FIELDS, *PACKED_FLOAT_FIELDS))
 
 
 def _flat_int(rows: list[np.ndarray]) -> np.ndarray:
@@ -63,6 +69,10 @@ def encode_group(group: dict[str, Any]) -> bytes:
         rows = group.get(name)
         if rows is not None:
             record[name] = _concat(rows, _FLOAT)
+    for name in _OTHER_INT_FIELDS:
+        rows = group.get(name)
+        if rows is not None:
+            record[name] = _concat(rows, _INT)
     extras = {k: v for k, v in group.items() if k not in _ARRAY_FIELDS and v is not None}
     record["x"] = _dump_extras(extras)
     return msgpack.packb(record, use_bin_type=True)
@@ -114,7 +124,7 @@ def decode_group(blob: bytes, *, packed: bool = False) -> dict[str, Any]:
     if packed:
         group["tokens"] = _split_bytes(flat_tokens, bounds)
         group["masks"] = _split_bytes(flat_masks, bounds)
-        for name in PACKED_FLOAT_FIELDS:
+        for name in (*PACKED_FLOAT_FIELDS, *_OTHER_INT_FIELDS):
             if name in record:
                 group[name] = _split_bytes(record[name], bounds)
         return group
@@ -123,4 +133,7 @@ def decode_group(blob: bytes, *, packed: bool = False) -> dict[str, Any]:
     for name in PACKED_FLOAT_FIELDS:
         if name in record:
             group[name] = _split(np.frombuffer(record[name], _FLOAT), bounds)
+    for name in _OTHER_INT_FIELDS:
+        if name in record:
+            group[name] = _split(np.frombuffer(record[name], _INT), bounds)
     return group

@@ -95,12 +95,16 @@ def tokenizer_name_of(config: ServerBaseline) -> str:
 
 @dataclass(frozen=True, slots=True)
 class GeneratedSequence:
-    """One sampled continuation with its token ids and per-token logprobs."""
+    """One sampled continuation with its token ids and per-token logprobs.
+
+    ``weight_version``: the engine's weight version that sampled it, when the engine says.
+    """
 
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     text: str | None = None
+    weight_version: int | None = None
 
 
 class APIServer(ABC):

@@ -212,6 +212,11 @@ class ServerManager:
         """``/completions`` with OpenAI kwargs; ``split="eval"`` uses eval capacity."""
         return await self._fan_out("completion", kwargs)
 
+    @property
+    def returns_token_ids(self) -> bool:
+        """Whether some server samples token-in/token-out (vllm, sglang, embedded)."""
+        return any(server.supports_token_ids for server in self.servers)
+
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
     ) -> list[GeneratedSequence]:

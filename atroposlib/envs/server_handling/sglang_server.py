@@ -48,10 +48,19 @@ def sglang_sampling_params(sampling: dict[str, Any], n: int) -> dict[str, Any]:
     return params
 
 
-def parse_sglang_output(entry: Any) -> GeneratedSequence:
-    """One ``/generate`` answer entry; InferenceError when it is malformed."""
+def parse_sglang_output(entry: Any, prompt_length: int | None = None) -> GeneratedSequence:
+    """One ``/generate`` answer entry; InferenceError when it is malformed.
+
+    ``prompt_length``: the ids sent; an engine that reports another prompt length did not
+    continue from exactly those ids (InferenceError).
+    """
     try:
         meta = entry["meta_info"]
+        reported = meta.get("prompt_tokens")
+        if prompt_length is not None and reported is not None and reported != prompt_length:
+            raise InferenceError(
+                f"/generate saw {reported} prompt tokens but {prompt_length} were sent"
+            )
         pairs = meta["output_token_logprobs"]
         logprobs = [float(pair[0]) for pair in pairs]
         output_ids = [int(i) for i in entry.get("output_ids") or [pair[1] for pair in pairs]]
@@ -63,7 +72,23 @@ def parse_sglang_output(entry: Any) -> GeneratedSequence:
         raise InferenceError(
             f"/generate returned {len(output_ids)} tokens but {len(logprobs)} logprobs"
         )
-    return GeneratedSequence(output_ids, logprobs, reason, entry.get("text"))
+    version = weight_version(meta.get("weight_version"))
+    return GeneratedSequence(output_ids, logprobs, reason, entry.get("text"), version)
+
+
+def weight_version(value: Any) -> int | None:
+    """An engine's weight version as an int (SGLang sends a string; ``"default"``: unknown).
+
+    >>> weight_version(3), weight_version("12"), weight_version("default"), weight_version(None)
+    (3, 12, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 def _position(entry: Any) -> tuple[int, float] | None:
@@ -134,7 +159,7 @@ class SGLangServer(OpenAIServer):
         entries = data if isinstance(data, list) else [data]
         if len(entries) != n:
             raise InferenceError(f"/generate returned {len(entries)} sequences, asked for {n}")
-        return [parse_sglang_output(entry) for entry in entries]
+        return [parse_sglang_output(entry, len(body["input_ids"])) for entry in entries]
 
 
 class EmbeddedServer(SGLangServer):

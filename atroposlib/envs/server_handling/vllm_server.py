@@ -27,8 +27,19 @@ __all__ = [
 _TOKEN_PREFIX = "token_id:"
 
 
-def parse_vllm_choice(choice: Any) -> GeneratedSequence:
-    """One ``/v1/completions`` choice requested with ``logprobs=0`` and token ids as tokens."""
+def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> GeneratedSequence:
+    """One ``/v1/completions`` choice requested with ``logprobs=0`` and token ids as tokens.
+
+    vLLM 0.10.2+ also answers ``token_ids`` and ``prompt_token_ids`` (``return_token_ids``);
+    prompt ids that differ from ``prompt_ids`` mean the engine did not continue from exactly
+    the ids sent (InferenceError).
+    """
+    echoed = choice.get("prompt_token_ids") if isinstance(choice, dict) else None
+    if prompt_ids is not None and echoed is not None and list(echoed) != prompt_ids:
+        raise InferenceError(
+            f"vLLM continued from {len(echoed)} prompt ids that differ from the "
+            f"{len(prompt_ids)} sent"
+        )
     try:
         logprobs = choice["logprobs"]
         values = [float(v) for v in logprobs["token_logprobs"]]
@@ -105,4 +116,5 @@ class VLLMServer(OpenAIServer):
         if not isinstance(choices, list) or len(choices) != n:
             raise InferenceError(f"vLLM returned {len(choices or [])} choices, asked for {n}")
         ordered = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
-        return [parse_vllm_choice(choice) for choice in ordered]
+        prompt = body["prompt"]
+        return [parse_vllm_choice(choice, prompt) for choice in ordered]

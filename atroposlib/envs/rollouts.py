@@ -1,0 +1,233 @@
+"""Token-in/token-out sampling for environments, and the scored group made from it.
+
+Every catalogue environment samples through :class:`TokenSampler` (``BaseEnv.token_sampler()``
+makes one on the env's servers and tokenizer):
+
+    sampler = self.token_sampler(max_tokens=256, temperature=1.0)
+    replies = await sampler.sample(sampler.start(prompt_messages), n=self.config.group_size)
+    scores = my_reward([reply.reply for reply in replies])
+    return sampler.group(replies, scores), []
+
+A multi-turn env keeps one :class:`~atroposlib.envs.trajectory.Trajectory` per episode and
+alternates ``sampler.sample(trajectory)`` with ``sampler.add_messages(trajectory, [...])``; each
+request sends the trajectory's exact ids. Completion ids and logprobs come from the server's
+token fields (``/generate`` output ids on SGLang and the embedded server; ``token_ids`` /
+``logprobs`` on vLLM). A server that returns no ids (``server_type: openai``) falls back to
+re-tokenizing the reply text: logged once, and its groups carry no ``inference_logprobs``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
+from atroposlib.envs.trajectory import ChatTemplate, Trajectory, finish_reason
+from atroposlib.group import GroupOverrides, ScoredData, SequenceOverrides
+from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.type_definitions import Message
+
+logger = logging.getLogger(__name__)
+
+ScoreReplies = Callable[[list[str]], Sequence[float] | Awaitable[Sequence[float]]]
+"""Scores for a list of replies, one each, in order (a plain or an async function)."""
+
+_warned_text_fallback = False
+
+
+class TokenServer(Protocol):
+    """What sampling needs of a server: ``ServerManager`` fits."""
+
+    @property
+    def returns_token_ids(self) -> bool: ...
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]: ...
+
+    async def chat_completion(self, **kwargs: Any) -> Any: ...
+
+
+class TokenSampler:
+    """Samples replies token-in/token-out and turns trajectories into a ``ScoredData``."""
+
+    def __init__(
+        self,
+        server: TokenServer,
+        tokenizer: Any,
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        **sampling: Any,
+    ) -> None:
+        self.server = server
+        self.template = ChatTemplate(tokenizer)
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.sampling = sampling
+
+    @property
+    def generation_params(self) -> dict[str, Any]:
+        """What the trainer needs to recompute the sampling logprobs (temperature, ...)."""
+        return {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.sampling}
+
+    def start(self, messages: Sequence[Message]) -> Trajectory:
+        """A trajectory holding the prompt: the chat template applied once."""
+        return Trajectory.start(self.template.prompt_ids(messages), messages)
+
+    def add_messages(self, trajectory: Trajectory, messages: Sequence[Message]) -> Trajectory:
+        """``trajectory`` followed by env/tool ``messages`` (their template delta, untrained)."""
+        last = trajectory.tokens[-1] if trajectory.tokens else None
+        sampled_stop = (
+            last
+            if last in self.template.special_ids and trajectory.masks[-1] != MASK_IGNORE_INDEX
+            else None
+        )
+        ids = self.template.continuation_ids(trajectory.messages, messages, sampled_stop)
+        return trajectory.with_context(ids, messages)
+
+    async def sample(self, trajectory: Trajectory, n: int = 1, **sampling: Any) -> list[Trajectory]:
+        """``n`` continuations of ``trajectory``, each sent as its exact id prefix.
+
+        A trajectory whose last reply was aborted (an in-flight weight update, say) is
+        resubmitted as it is and the reply continues from its exact ids.
+        """
+        if "temperature" in sampling:
+            raise ValueError(
+                "the temperature is the sampler's (the group reports it to the trainer); "
+                "make a TokenSampler per temperature"
+            )
+        params = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            **self.sampling,
+            **sampling,
+        }
+        if not self.server.returns_token_ids:
+            return await self._sample_text(trajectory, n, params)
+        samples = await self.server.generate(list(trajectory.tokens), n, params)
+        before = trajectory.reply_ids if trajectory.finish_reason == "abort" else []
+        return [
+            trajectory.with_sample(
+                s.output_ids,
+                s.logprobs,
+                s.weight_version,
+                finish_reason(s.finish_reason),
+                self.template.text([*before, *s.output_ids]),
+            )
+            for s in samples
+        ]
+
+    async def _sample_text(
+        self, trajectory: Trajectory, n: int, params: dict[str, Any]
+    ) -> list[Trajectory]:
+        global _warned_text_fallback
+        if not _warned_text_fallback:
+            _warned_text_fallback = True
+            logger.warning(
+                "the inference servers return no token ids (server_type openai): replies are "
+                "re-tokenized from text and groups carry no inference_logprobs; use "
+                "server_type vllm, sglang or embedded for token-exact training"
+            )
+        completion = await self.server.chat_completion(
+            messages=list(trajectory.messages), n=n, **params
+        )
+        tokenizer = self.template.tokenizer
+        out = []
+        for choice in completion.choices:
+            text = choice.message.content or ""
+            reason = finish_reason(choice.finish_reason)
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            if reason == "stop" and tokenizer.eos_token_id is not None:
+                ids.append(int(tokenizer.eos_token_id))
+            out.append(trajectory.with_sample(ids, None, None, reason, text))
+        return out
+
+    def group(
+        self,
+        trajectories: Sequence[Trajectory],
+        scores: Sequence[float],
+        *,
+        overrides: Sequence[SequenceOverrides | Mapping[str, Any]] | None = None,
+        group_overrides: GroupOverrides | Mapping[str, Any] | None = None,
+        extra: Sequence[BaseModel | Mapping[str, Any]] | None = None,
+    ) -> ScoredData:
+        """The scored group of ``trajectories`` (one score each), as they were sampled."""
+        return trajectory_group(
+            trajectories,
+            scores,
+            generation_params=self.generation_params,
+            overrides=overrides,
+            group_overrides=group_overrides,
+            extra=extra,
+        )
+
+
+def trajectory_group(
+    trajectories: Sequence[Trajectory],
+    scores: Sequence[float],
+    *,
+    generation_params: Mapping[str, Any] | None = None,
+    overrides: Sequence[SequenceOverrides | Mapping[str, Any]] | None = None,
+    group_overrides: GroupOverrides | Mapping[str, Any] | None = None,
+    extra: Sequence[BaseModel | Mapping[str, Any]] | None = None,
+) -> ScoredData:
+    """Stack trajectories into one group: ids, masks, inference logprobs, versions, reasons."""
+    if len(trajectories) != len(scores):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(scores)} scores")
+    exact = all(t.exact for t in trajectories)
+    versions = [t.oldest_version for t in trajectories]
+    known = any(v is not None for v in versions)
+    return ScoredData.model_validate(
+        {
+            "tokens": [t.tokens for t in trajectories],
+            "masks": [t.masks for t in trajectories],
+            "scores": [float(s) for s in scores],
+            "inference_logprobs": [t.logprobs for t in trajectories] if exact else None,
+            "token_policy_versions": [t.versions for t in trajectories] if known else None,
+            "policy_versions": versions if known else None,
+            "finish_reasons": [t.finish_reason for t in trajectories],
+            "messages": [t.messages for t in trajectories],
+            "generation_params": dict(generation_params) if generation_params else None,
+            "overrides": [_plain(o) for o in overrides] if overrides is not None else None,
+            "group_overrides": _plain(group_overrides) if group_overrides is not None else None,
+            "extra": [_plain(e) for e in extra] if extra is not None else None,
+        }
+    )
+
+
+def _plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    return dict(value)
+
+
+async def sample_group(
+    server: TokenServer,
+    tokenizer: Any,
+    prompt: Sequence[Message],
+    score: ScoreReplies,
+    *,
+    n: int,
+    max_tokens: int,
+    temperature: float = 1.0,
+) -> ScoredData:
+    """Sample ``n`` replies to ``prompt`` token-in/token-out, score their text, group them."""
+    sampler = TokenSampler(server, tokenizer, max_tokens=max_tokens, temperature=temperature)
+    replies = await sampler.sample(sampler.start(prompt), n=n)
+    scores = score([reply.reply for reply in replies])
+    if inspect.isawaitable(scores):
+        scores = await scores
+    return sampler.group(replies, list(scores))
+
+
+async def greedy_reply(server: Any, prompt: Sequence[Message], *, max_tokens: int) -> str:
+    """One greedy (``temperature=0``) reply for evaluation, on the server's eval capacity."""
+    completion = await server.chat_completion(
+        messages=list(prompt), n=1, max_tokens=max_tokens, temperature=0.0, split="eval"
+    )
+    return str(completion.choices[0].message.content or "")
