@@ -124,7 +124,7 @@ def evaluate(task: Task, snapshot: Snapshot | None, base: Path, out: Path, batch
 # ---------------------------------------------------------------------------------------
 
 
-def ours_training(run_dir: Path, format_weight: float, batch_size: int) -> dict[str, Any]:
+def ours_training(run_dir: Path, task: Task, batch_size: int) -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     elapsed = steps[-1]["train/elapsed_s"] if steps else 0.0
@@ -135,7 +135,10 @@ def ours_training(run_dir: Path, format_weight: float, batch_size: int) -> dict[
         "samples": samples,
         "samples_per_s": samples / elapsed if elapsed else 0.0,
         "reward_per_step": [
-            r.reward for r in report.rewards_by_step(run_dir / "rollouts.jsonl", format_weight)
+            r.reward
+            for r in report.rewards_by_step(
+                run_dir / "rollouts.jsonl", task.config.format_weight, task.config.partial_format
+            )
         ],
         "zero_variance_groups": sum(r.get("train/zero_variance_groups", 0) for r in steps),
     }
@@ -300,9 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 snapshots[name] = ours.snapshots
                 batch_size = parse_settings(args.ours_arg).batch_size
-                training[name] = ours_training(
-                    run_dir / "ours", task.config.format_weight, batch_size
-                )
+                training[name] = ours_training(run_dir / "ours", task, batch_size)
             else:
                 spec = TrlSpec(
                     str(run_dir / "trl"),

@@ -98,6 +98,20 @@ def test_report_splits_format_from_correctness_and_counts_flips(tmp_path: Path) 
     ]
 
 
+def test_report_takes_partial_format_credit_out_of_correctness(tmp_path: Path) -> None:
+    rollouts = tmp_path / "rollouts.jsonl"
+    chat = [{"role": "user", "content": "1+1"}]
+    replies = ["<answer>2</answer>", "Put it in <answer> tags: 2", "3"]  # credit 1, 0.25, 0
+    messages = [[*chat, {"role": "assistant", "content": r}] for r in replies]
+    group = {"policy_version": 0, "scores": [2.0, 1.25, 0.0], "messages": messages}
+    rollouts.write_text(json.dumps(group) + "\n")
+    (row,) = report.rewards_by_step(rollouts, format_weight=1.0, partial_format=True)
+    assert row.format_rate == pytest.approx(1 / 3)  # exact shape only
+    assert row.correct == pytest.approx(2 / 3)  # 2 of 3 right, partial credit taken out
+    (exact_only,) = report.rewards_by_step(rollouts, format_weight=1.0)
+    assert exact_only.correct == pytest.approx(2.25 / 3)  # the 0.25 counted as correctness
+
+
 def write_eval(folder: Path, samples: list[dict], metrics: dict | None = None) -> None:
     folder.mkdir()
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))

@@ -19,7 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.reward_fns.format_rewards import (
+    answer_tag_format_credit,
+    answer_tag_format_reward,
+)
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,18 @@ class EvalComparison:
     """Held-out questions found among the prompts of ``rollouts.jsonl``."""
 
 
-def rewards_by_step(rollouts: Path, format_weight: float) -> list[StepRewards]:
-    """Mean score, format compliance and correctness of sampled completions, per policy step."""
+def rewards_by_step(
+    rollouts: Path, format_weight: float, partial_format: bool = False
+) -> list[StepRewards]:
+    """Mean score, format compliance and correctness of sampled completions, per policy step.
+
+    Correctness is the score less the format credit the env gave (``format_weight`` times its
+    format reward: partial credit when ``partial_format``, as the env's setting of that name).
+    """
+    credit_of = answer_tag_format_credit(partial_format)
     scores: dict[int, list[float]] = defaultdict(list)
     formats: dict[int, list[float]] = defaultdict(list)
+    credits: dict[int, list[float]] = defaultdict(list)
     if not rollouts.exists():
         return []
     with rollouts.open() as handle:
@@ -69,13 +80,13 @@ def rewards_by_step(rollouts: Path, format_weight: float) -> list[StepRewards]:
                 reply = _last_assistant_text(chat)
                 scores[step].append(float(score))
                 formats[step].append(1.0 if answer_tag_format_reward([reply])[0] > 0 else 0.0)
+                credits[step].append(credit_of([reply])[0])
     rows = []
     for step in sorted(scores):
         mean_score = _mean(scores[step])
-        format_rate = _mean(formats[step])
         rows.append(
-            StepRewards(step, len(scores[step]), mean_score, format_rate,
-                        mean_score - format_weight * format_rate)
+            StepRewards(step, len(scores[step]), mean_score, _mean(formats[step]),
+                        mean_score - format_weight * _mean(credits[step]))
         )  # fmt: skip
     return rows
 

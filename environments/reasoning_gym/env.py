@@ -32,10 +32,7 @@ from atroposlib.envs.heldout import (
     training_problems,
 )
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final_number
-from atroposlib.envs.reward_fns.format_rewards import (
-    answer_tag_format_reward,
-    answer_tag_partial_format_reward,
-)
+from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_credit
 from atroposlib.envs.reward_fns.graded import grade_answer
 from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -122,8 +119,7 @@ def score_reply(
 ) -> float:
     """Correctness plus the format component."""
     correct = grade(reply, entry, dataset, lenient)
-    shape = answer_tag_partial_format_reward if partial_format else answer_tag_format_reward
-    return correct + format_weight * shape([reply])[0]
+    return correct + format_weight * answer_tag_format_credit(partial_format)([reply])[0]
 
 
 class ReasoningGymEnv(BaseEnv):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from atroposlib.envs.reward_fns.registry import completion_text, register_reward
@@ -61,3 +61,8 @@ def answer_tag_partial_format_reward(completions: Sequence[Any], **_: object) ->
             score += 0.5 * len(blocks[-1]) / len(text)
         scores.append(round(score, 4))
     return scores
+
+
+def answer_tag_format_credit(partial: bool) -> Callable[..., list[float]]:
+    """The format reward an env with ``partial_format`` set (or not) scores replies with."""
+    return answer_tag_partial_format_reward if partial else answer_tag_format_reward
