@@ -157,7 +157,7 @@ def test_held_out_comparison_grades_strict_lenient_format_and_checks_overlap(
     assert (
         "3 distinct problems (0 in the training pool of 900; 1 among the trained prompts)" in text
     )
-    assert "right->wrong 0, wrong->right 1" in text
+    assert "right->wrong 0, wrong->right 1   gain +33.3 pts [+0.0, +100.0] (95 %)" in text
 
 
 def test_envs_that_write_only_a_score_are_graded_by_it(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from atroposlib.envs.reward_fns.format_rewards import (
     answer_tag_format_credit,
     answer_tag_format_reward,
 )
+from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gains
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Accuracy:
     after: float
     right_to_wrong: int
     wrong_to_right: int
+    gain_low: float
+    """Lower end of the 95 % bootstrap interval (over problems) of ``after - before``."""
+    gain_high: float
 
 
 @dataclass(frozen=True)
@@ -162,11 +166,14 @@ def _graded(sample: dict[str, Any], grade: str) -> bool:
 
 
 def _accuracy(pairs: list[tuple[bool, bool]]) -> Accuracy:
+    gain = bootstrap_mean(gains([a for a, _ in pairs], [b for _, b in pairs]))
     return Accuracy(
         before=_mean([float(a) for a, _ in pairs]),
         after=_mean([float(b) for _, b in pairs]),
         right_to_wrong=sum(a and not b for a, b in pairs),
         wrong_to_right=sum(b and not a for a, b in pairs),
+        gain_low=gain.low,
+        gain_high=gain.high,
     )
 
 
@@ -259,9 +266,13 @@ def headline(summary: dict[str, Any]) -> list[str]:
         )
         for name, label in (("strict", "strict (format + right)"), ("lenient", "lenient")):
             grade = held_out[name]
+            interval = Interval(
+                grade["after"] - grade["before"], grade["gain_low"], grade["gain_high"], 0.95
+            )
             lines.append(
                 f"  {label:<24} {_percent(grade['before'])} -> {_percent(grade['after'])}"
                 f"   right->wrong {grade['right_to_wrong']}, wrong->right {grade['wrong_to_right']}"
+                f"   gain {interval}"
             )
         lines.append(
             f"  {'format compliance':<24} {_percent(held_out['format_before'])} -> "
