@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -441,8 +441,6 @@ def main(argv: Sequence[str]) -> int:
     trl_worker(TrlSpec(**json.loads(Path(argv[1]).read_text())))
     return 0
 
-
-Evaluator = Callable[[Path], list[str]]
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
