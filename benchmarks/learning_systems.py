@@ -120,11 +120,13 @@ def greedy_replies(
     prompts: Sequence[list[dict]],
     max_tokens: int,
     batch_size: int = 50,
+    threads: int = 1,
 ) -> list[str]:
     """Greedy (temperature 0) replies, batched with left padding, in fp32 on the CPU."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()

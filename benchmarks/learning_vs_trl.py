@@ -24,7 +24,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ours-arg", action="append", default=[], help="Extra atropos-local flag (repeat)."
     )
     parser.add_argument("--eval-batch", type=int, default=50, help="Prompts per greedy batch.")
+    parser.add_argument(
+        "--eval-threads",
+        type=int,
+        default=1,
+        help="Torch threads of the evaluator (on a loaded 2-core machine 1 is the fastest).",
+    )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="Train nothing: evaluate the systems already trained in --run-dir (an evaluation "
+        "that was cut off resumes; models already graded are read back).",
+    )
     return parser.parse_args(argv)
 
 
@@ -91,15 +103,28 @@ class Evaluated:
         return sum(values) / len(values)
 
 
-def evaluate(task: Task, snapshot: Snapshot | None, base: Path, out: Path, batch: int) -> Evaluated:
-    """Greedy replies of ``snapshot`` (None: the base model) to every held-out problem."""
-    folder = snapshot.folder if snapshot else base
+def evaluate(
+    task: Task, snapshot: Snapshot | None, base: Path, out: Path, batch: int, threads: int
+) -> Evaluated:
+    """Greedy replies of ``snapshot`` (None: the base model) to every held-out problem; a model
+    already graded in ``out`` is read back."""
     label = f"{snapshot.system}-step-{snapshot.step}" if snapshot else "base"
+    elapsed, step = (snapshot.elapsed_s, snapshot.step) if snapshot else (0.0, 0)
+    path = out / f"{label}.jsonl"
+    if path.exists():
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        if [r["problem"] for r in rows] == [task.key(e) for e in task.held_out]:
+            return Evaluated(label, elapsed, step, {g: [r[g] for r in rows] for g in GRADES})
     replies = greedy_replies(
-        folder, base, [task.prompt(e) for e in task.held_out], task.max_tokens, batch
+        snapshot.folder if snapshot else base,
+        base,
+        [task.prompt(e) for e in task.held_out],
+        task.max_tokens,
+        batch,
+        threads,
     )
     graded = [task.grade(reply, entry) for reply, entry in zip(replies, task.held_out, strict=True)]
-    with (out / f"{label}.jsonl").open("w") as handle:
+    with path.open("w") as handle:
         for entry, reply, grade in zip(task.held_out, replies, graded, strict=True):
             row = {
                 "problem": task.key(entry),
@@ -111,12 +136,7 @@ def evaluate(task: Task, snapshot: Snapshot | None, base: Path, out: Path, batch
                 "formatted": grade.formatted,
             }
             handle.write(json.dumps(row) + "\n")
-    return Evaluated(
-        label,
-        snapshot.elapsed_s if snapshot else 0.0,
-        snapshot.step if snapshot else 0,
-        {g: [getattr(x, g) for x in graded] for g in GRADES},
-    )
+    return Evaluated(label, elapsed, step, {g: [getattr(x, g) for x in graded] for g in GRADES})
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,6 +282,49 @@ def plot(curves: dict[str, list[Evaluated]], base: Evaluated, path: Path) -> Non
 # ---------------------------------------------------------------------------------------
 
 
+def train_system(
+    name: str,
+    args: argparse.Namespace,
+    task: Task,
+    run_dir: Path,
+    base_model: Path,
+    marks: list[float],
+) -> dict[str, Any] | None:
+    """Train one system for the budget; -> its training figures, load and snapshots (None: it
+    failed)."""
+    with LoadSampler() as load:
+        if name == "ours":
+            ours = run_ours(
+                run_dir / "ours", args.minutes, args.seed, marks, args.ours_arg, args.env_config
+            )
+            if ours.exit_code != 0:
+                return None
+            shots = ours.snapshots
+            batch_size = parse_settings(args.ours_arg).batch_size
+            training = ours_training(run_dir / "ours", task, batch_size)
+        else:
+            spec = TrlSpec(
+                str(run_dir / "trl"),
+                str(base_model),
+                args.minutes,
+                args.seed,
+                marks,
+                args.trl_threads,
+                str(args.env_config),
+                {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.trl_config)},
+            )
+            code, _ = run_trl(spec)
+            if code != 0:
+                return None
+            shots = trl_snapshots(run_dir / "trl")
+            training = trl_training(run_dir / "trl")
+    return {
+        "training": training,
+        "load": load.summary(),
+        "snapshots": [{**asdict(s), "folder": str(s.folder)} for s in shots],
+    }
+
+
 def machine_line() -> str:
     cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     return (
@@ -288,45 +351,30 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.minutes * 60
     marks = [budget * k / args.points for k in range(1, args.points)]
     systems = [args.only] if args.only else list(SYSTEMS)
-    snapshots: dict[str, list[Snapshot]] = {}
-    training: dict[str, dict[str, Any]] = {}
-    loads: dict[str, dict[str, float]] = {}
+    records: dict[str, dict[str, Any]] = {}
     for name in systems:
-        print(f"training {name} for {args.minutes:g} min ...", flush=True)
-        with LoadSampler() as load:
-            if name == "ours":
-                ours = run_ours(
-                    run_dir / "ours", args.minutes, args.seed, marks, args.ours_arg, args.env_config
-                )
-                if ours.exit_code != 0:
-                    print(f"our loop failed (exit {ours.exit_code}): see {run_dir}/ours.log")
-                    return 1
-                snapshots[name] = ours.snapshots
-                batch_size = parse_settings(args.ours_arg).batch_size
-                training[name] = ours_training(run_dir / "ours", task, batch_size)
-            else:
-                spec = TrlSpec(
-                    str(run_dir / "trl"),
-                    str(base_model),
-                    args.minutes,
-                    args.seed,
-                    marks,
-                    args.trl_threads,
-                    str(args.env_config),
-                    {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.trl_config)},
-                )
-                code, _ = run_trl(spec)
-                if code != 0:
-                    print(f"TRL failed (exit {code}): see {run_dir}/trl.log")
-                    return 1
-                snapshots[name] = trl_snapshots(run_dir / "trl")
-                training[name] = trl_training(run_dir / "trl")
-        loads[name] = load.summary()
+        record_file = run_dir / f"{name}-training.json"
+        if not args.eval_only:
+            print(f"training {name} for {args.minutes:g} min ...", flush=True)
+            record = train_system(name, args, task, run_dir, base_model, marks)
+            if record is None:
+                print(f"{name} failed: see {run_dir}/{name}.log")
+                return 1
+            record_file.write_text(json.dumps(record, indent=2))
+        elif not record_file.exists():
+            print(f"--eval-only: {record_file} is missing (train {name} first)")
+            return 1
+        records[name] = json.loads(record_file.read_text())
+    snapshots = {
+        name: [Snapshot(**{**s, "folder": Path(s["folder"])}) for s in record["snapshots"]]
+        for name, record in records.items()
+    }
     print("evaluating the base model and every snapshot (greedy, held-out) ...", flush=True)
     eval_started = time.monotonic()
-    base = evaluate(task, None, base_model, run_dir / "eval", args.eval_batch)
+    out, batch, threads = run_dir / "eval", args.eval_batch, args.eval_threads
+    base = evaluate(task, None, base_model, out, batch, threads)
     curves = {
-        name: [evaluate(task, s, base_model, run_dir / "eval", args.eval_batch) for s in shots]
+        name: [evaluate(task, s, base_model, out, batch, threads) for s in shots]
         for name, shots in snapshots.items()
     }
     eval_s = time.monotonic() - eval_started
@@ -344,9 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{eval_s / 60:.1f} min, after training",
     ]
     results = {
-        name: {"training": training[name], "final": curves[name][-1], "load": loads[name]}
+        name: {"training": records[name]["training"], "final": curves[name][-1],
+               "load": records[name]["load"]}
         for name in systems
-    }
+    }  # fmt: skip
     table, differences = render_table(task, results, base, header)
     print(table, flush=True)
     (run_dir / "table.txt").write_text(table + "\n")
@@ -364,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         "base": {g: base.rate(g) for g in GRADES},
         "systems": {
             name: {
-                "training": training[name],
-                "load": loads[name],
+                "training": records[name]["training"],
+                "load": records[name]["load"],
                 "curve": [
                     {"minutes": p.elapsed_s / 60, "step": p.step, **{g: p.rate(g) for g in GRADES}}
                     for p in curves[name]

@@ -173,3 +173,28 @@ def test_trl_keeps_its_documented_learning_defaults(task: Task, tmp_path: Path) 
     for name in ("learning_rate", "num_generations", "per_device_train_batch_size",
                  "temperature", "epsilon", "beta", "num_iterations", "top_p"):  # fmt: skip
         assert getattr(config, name) == getattr(defaults, name), name
+
+
+# ---- resuming an evaluation ------------------------------------------------------------------
+
+
+def test_a_model_already_graded_is_read_back_not_generated_again(
+    task: Task, tmp_path: Path
+) -> None:
+    from benchmarks.learning_vs_trl import evaluate
+
+    rows = [{"problem": task.key(e), "strict": i % 2 == 0, "lenient": True, "formatted": i < 3}
+            for i, e in enumerate(task.held_out)]  # fmt: skip
+    (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    missing_model = tmp_path / "no-model"  # generating would fail: nothing is loaded
+    graded = evaluate(task, None, missing_model, tmp_path, 50, 1)
+    assert graded.rate("strict") == 0.5 and graded.rate("formatted") == 3 / 200
+    (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    with pytest.raises(OSError):  # other problems: not trusted, so it tries to generate
+        evaluate(task, None, missing_model, tmp_path, 50, 1)
+
+
+def test_eval_only_needs_the_systems_training_records(tmp_path: Path) -> None:
+    from benchmarks.learning_vs_trl import main
+
+    assert main(["--eval-only", "--run-dir", str(tmp_path), "--only", "trl"]) == 1
