@@ -38,7 +38,9 @@ def answer_tag_partial_format_reward(completions: Sequence[Any], **_: object) ->
     """Credit on the way to a reply that is ``<answer>…</answer>`` alone, for a model that never
     writes it yet: 0.25 for an ``<answer>`` tag, 0.25 for a closed block with something in it,
     and up to 0.5 for the share of the reply (stripped) that the last such block takes. The
-    exact shape of ``answer_tag_format_reward`` scores 1.0, nothing else does.
+    exact shape of ``answer_tag_format_reward`` scores 1.0, nothing else does. Measured weak
+    point (benchmarks/README.md): a policy that never samples a closed block can settle on
+    repeating the bare tag for its 0.25.
 
     >>> answer_tag_partial_format_reward([
     ...     "<answer>4</answer>",
