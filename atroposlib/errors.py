@@ -87,3 +87,7 @@ class InferenceUnavailableError(InferenceError):
 
 class InferenceRejectedError(InferenceError):
     """The inference server refused the request (4xx): fix the request; retrying cannot help."""
+
+
+class ContextFullError(AtroposError):
+    """A trajectory leaves no room to sample under the env's ``max_token_length``."""

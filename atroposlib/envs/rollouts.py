@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.envs.trajectory import ChatTemplate, Trajectory, finish_reason
+from atroposlib.errors import ContextFullError
 from atroposlib.group import GroupOverrides, ScoredData, SequenceOverrides
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
@@ -62,18 +63,21 @@ class TokenSampler:
         *,
         max_tokens: int,
         temperature: float = 1.0,
+        max_token_length: int | None = None,
         **sampling: Any,
     ) -> None:
         self.server = server
         self.template = ChatTemplate(tokenizer)
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.max_token_length = max_token_length
         self.sampling = sampling
 
     @property
     def generation_params(self) -> dict[str, Any]:
         """What the trainer needs to recompute the sampling logprobs (temperature, ...)."""
-        return {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.sampling}
+        sampling = {k: v for k, v in self.sampling.items() if k != "split"}
+        return {"temperature": self.temperature, "max_tokens": self.max_tokens, **sampling}
 
     def start(self, messages: Sequence[Message]) -> Trajectory:
         """A trajectory holding the prompt: the chat template applied once."""
@@ -94,7 +98,9 @@ class TokenSampler:
         """``n`` continuations of ``trajectory``, each sent as its exact id prefix.
 
         A trajectory whose last reply was aborted (an in-flight weight update, say) is
-        resubmitted as it is and the reply continues from its exact ids.
+        resubmitted as it is and the reply continues from its exact ids. With
+        ``max_token_length`` set, replies are capped to the room left; ContextFullError when
+        there is none.
         """
         if "temperature" in sampling:
             raise ValueError(
@@ -107,6 +113,14 @@ class TokenSampler:
             **self.sampling,
             **sampling,
         }
+        if self.max_token_length is not None:
+            room = self.max_token_length - len(trajectory.tokens)
+            if room <= 0:
+                raise ContextFullError(
+                    f"the trajectory has {len(trajectory.tokens)} tokens, "
+                    f"max_token_length is {self.max_token_length}"
+                )
+            params["max_tokens"] = min(int(params["max_tokens"]), room)
         if not self.server.returns_token_ids:
             return await self._sample_text(trajectory, n, params)
         samples = await self.server.generate(list(trajectory.tokens), n, params)

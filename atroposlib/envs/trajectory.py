@@ -32,24 +32,40 @@ def finish_reason(reason: Any) -> FinishReason:
     return reason if reason in _FINISH_REASONS else "stop"
 
 
+Tools = Sequence[dict[str, Any]]
+"""Tool schemas for a template that renders ``tools`` (else list them in the system prompt,
+``atroposlib.envs.hermes.tools_prompt``)."""
+
+
+def _tools_kwarg(tools: Tools | None) -> dict[str, Any]:
+    return {"tools": list(tools)} if tools else {}
+
+
 class ChatTemplate:
     """A tokenizer's chat template, applied once per prompt and then per new message only."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.special_ids: frozenset[int] = frozenset(getattr(tokenizer, "all_special_ids", ()))
+        template = str(getattr(tokenizer, "chat_template", "") or "")
+        self.renders_tools = "tools" in template
+        self.renders_tool_calls = "tool_calls" in template
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        """The template applied to ``messages`` with the assistant's generation prompt."""
+    def prompt_ids(self, messages: Sequence[Message], tools: Tools | None = None) -> list[int]:
+        """The template applied to ``messages`` (and ``tools``) with the generation prompt."""
         ids = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=True, add_generation_prompt=True
+            list(messages), tokenize=True, add_generation_prompt=True, **_tools_kwarg(tools)
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
     def continuation_ids(
-        self, history: Sequence[Message], new: Sequence[Message], sampled_stop: int | None
+        self,
+        history: Sequence[Message],
+        new: Sequence[Message],
+        sampled_stop: int | None,
+        tools: Tools | None = None,
     ) -> list[int]:
         """Ids that close the last (sampled) assistant turn of ``history`` and add ``new``.
 
@@ -61,9 +77,10 @@ class ChatTemplate:
         if not history or history[-1]["role"] != "assistant":
             raise ValueError("messages can only be added after a sampled assistant turn")
         marker = f"<<reply-{uuid.uuid4().hex}>>"
-        chat = [*history[:-1], {**history[-1], "content": marker}, *new]
+        reply = {k: v for k, v in history[-1].items() if k != "tool_calls"}  # in its ids
+        chat = [*history[:-1], {**reply, "content": marker}, *new]
         rendered = self.tokenizer.apply_chat_template(
-            chat, tokenize=False, add_generation_prompt=True
+            chat, tokenize=False, add_generation_prompt=True, **_tools_kwarg(tools)
         )
         after = str(rendered)[str(rendered).rindex(marker) + len(marker) :]
         if sampled_stop is not None:

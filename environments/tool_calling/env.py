@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.hermes import tools_prompt
 from atroposlib.envs.reward_fns.tool_call_rewards import tool_call_match_reward
 from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -25,11 +26,6 @@ from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
 
 HERE = Path(__file__).resolve().parent
-SYSTEM_PROMPT = (
-    "You can call these tools:\n<tools>\n{tools}\n</tools>\n"
-    'To call one, reply <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call> '
-    "(one block per call). Answer in plain text when no tool is needed."
-)
 
 
 class ToolCallingConfig(BaseEnvConfig):
@@ -44,8 +40,7 @@ def load_rows(data_path: str) -> list[dict]:
 
 
 def system_prompt(row: dict) -> list[dict]:
-    tools = "\n".join(json.dumps(tool) for tool in row["tools"])
-    return [{"role": "system", "content": SYSTEM_PROMPT.format(tools=tools)}]
+    return [{"role": "system", "content": tools_prompt(row["tools"])}]
 
 
 class ToolCallingEnv(BaseEnv):

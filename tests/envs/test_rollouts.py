@@ -17,7 +17,7 @@ from atroposlib.envs.rollouts import TokenSampler, greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.envs.server_handling.sglang_server import parse_sglang_output
 from atroposlib.envs.server_handling.vllm_server import parse_vllm_choice
-from atroposlib.errors import InferenceError
+from atroposlib.errors import ContextFullError, InferenceError
 from atroposlib.utils.chat_group import chat_group
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
@@ -250,3 +250,16 @@ async def test_a_per_call_temperature_is_refused(tokenizer: Any) -> None:
     sampler = TokenSampler(FakeEngine([]), tokenizer, max_tokens=4)
     with pytest.raises(ValueError, match="TokenSampler per temperature"):
         await sampler.sample(sampler.start(PROMPT), temperature=0.3)
+
+
+async def test_max_token_length_caps_each_reply_to_the_room_left(tokenizer: Any) -> None:
+    engine = FakeEngine([([7, 8, 9], "length")])
+    start = TokenSampler(engine, tokenizer, max_tokens=64).start(PROMPT)
+    limit = len(start.tokens) + 3
+    sampler = TokenSampler(engine, tokenizer, max_tokens=64, max_token_length=limit, split="eval")
+    [reply] = await sampler.sample(start)
+    assert engine.sampling[0]["max_tokens"] == 3 and len(reply.tokens) == limit
+    assert "split" not in sampler.generation_params  # a scheduling hint, not a sampling setting
+    with pytest.raises(ContextFullError, match=f"max_token_length is {limit}"):
+        await sampler.sample(reply)
+    assert len(engine.prompts) == 1  # nothing sent when there is no room

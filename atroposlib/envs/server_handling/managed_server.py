@@ -9,17 +9,14 @@ of earlier assistant turns kept through templates that would drop them, ``get_lo
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
-import uuid
 import warnings
 from typing import Any
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from atroposlib.envs.hermes import parse_tool_calls, tool_calls_as_text
 from atroposlib.envs.server_handling import managed
 from atroposlib.envs.server_handling.managed import SequenceNode
 from atroposlib.envs.server_handling.server_baseline import APIServer
@@ -35,58 +32,7 @@ __all__ = [
 
 ALLOW_DUMMY_VARIABLE = "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER"
 TOOL_PARSERS = ("hermes",)
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _THINK_OPEN, _THINK_CLOSE = "__MNGD_THINK__", "__MNGD_ENDTHINK__"
-
-
-def parse_hermes_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content before the first call, OpenAI ``tool_calls``) of ``<tool_call>{json}`` blocks;
-    a block that is not a JSON object with a name is left in the content.
-
-    >>> content, calls = parse_hermes_tool_calls(
-    ...     'Let me check.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
-    >>> content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
-    ('Let me check.', [('f', '{"x": 1}')])
-    >>> parse_hermes_tool_calls("<tool_call>{oops}</tool_call>")[1]
-    []
-    """
-    calls = []
-    for block in _TOOL_CALL.findall(text):
-        try:
-            decoded = json.loads(block)
-        except ValueError:
-            continue
-        if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
-            continue
-        arguments = decoded.get("arguments", {})
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": decoded["name"], "arguments": arguments if isinstance(
-                arguments, str) else json.dumps(arguments)},
-        })  # fmt: skip
-    if not calls:
-        return text, []
-    content = text[: text.find("<tool_call>")].strip()
-    return content or None, calls
-
-
-def _tool_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
-    """An assistant message with ``tool_calls`` rewritten as the raw text the model wrote."""
-    calls = message.get("tool_calls") or []
-    if message.get("role") != "assistant" or not calls:
-        return message
-    blocks = []
-    for call in calls:
-        function = call.get("function", call)
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments)
-        call_json = json.dumps({"name": function.get("name"), "arguments": arguments})
-        blocks.append(f"<tool_call>\n{call_json}\n</tool_call>")
-    content = message.get("content") or ""
-    text = "\n".join([content, *blocks] if content else blocks)
-    return {k: v for k, v in {**message, "content": text}.items() if k != "tool_calls"}
 
 
 class ManagedServer(managed.ManagedServer):
@@ -119,7 +65,7 @@ class ManagedServer(managed.ManagedServer):
         """The chat template's prompt; a generation prompt unless the last turn is the
         assistant's own (then it is continued)."""
         if tools and self._tool_parser_name:
-            messages = [_tool_calls_as_text(m) for m in messages]
+            messages = [tool_calls_as_text(m) for m in messages]
         if not self._preserve_think_blocks:
             messages = [_protect_think(m) for m in messages]
         options: dict[str, Any] = {"tokenize": False}
@@ -148,7 +94,7 @@ class ManagedServer(managed.ManagedServer):
             message: dict[str, Any] = {"role": "assistant", "content": text}
             finish = managed._openai_reason(reason)
             if parse:
-                content, calls = parse_hermes_tool_calls(node.full_text[len(prompt) :])
+                content, calls = parse_tool_calls(node.full_text[len(prompt) :])
                 if calls:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
                     finish = "tool_calls"
