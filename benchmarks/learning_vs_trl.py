@@ -1,7 +1,7 @@
 """Does our loop learn, and better than TRL? Held-out greedy accuracy, side by side, one command.
 
 Runs, one after the other on this machine, (a) our full loop as ``scripts/demo`` runs it
-(``atropos-local``: broker + embedded inference + reasoning-gym env + GRPO trainer, our tuned
+(``atropos-local``: broker + embedded inference + reasoning-gym env + GRPO trainer, its
 defaults) and (b) TRL's ``GRPOTrainer`` with its documented defaults, on the same model
 (the offline SmolLM2-135M-Instruct), task, prompt, reward function, loss family (Dr GRPO),
 wall-clock budget and seed. Each system's weights are kept at a few moments of its run and
@@ -9,11 +9,13 @@ evaluated afterwards (off the budget) by one evaluator: greedy replies to the sa
 problems, none of which either system can train on (checked at start), graded strict (exact
 ``<answer>N</answer>`` and right), lenient (right at all) and for format.
 
-    .venv/bin/python benchmarks/learning_vs_trl.py                 # 20 min each, ~50 min
+    .venv/bin/python benchmarks/learning_vs_trl.py                 # 20 min each, ~55 min
     .venv/bin/python benchmarks/learning_vs_trl.py --minutes 5 --seed 1
+    .venv/bin/python benchmarks/learning_vs_trl.py --run-dir DIR --eval-only   # (re)evaluate
 
 Writes ``runs/learning-vs-trl-<date>-<time>/``: ``table.txt`` (what it prints),
-``summary.json``, ``accuracy_vs_minutes.png``, per-problem ``eval/*.jsonl``, both systems' logs.
+``summary.json``, ``accuracy_vs_minutes.png``, per-problem ``eval/*.jsonl``, each system's
+``*-training.json`` (figures, load, snapshots) and logs.
 """
 
 from __future__ import annotations
