@@ -236,6 +236,8 @@ Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1, description="Any int64.")
 STOP_LIST_MAX = 64
 Stop = str | TokenId | Annotated[list[str | TokenId], Field(max_length=STOP_LIST_MAX)]
 """Stop strings, token ids (as Atropos environments send ``[eos_token_id]``), or a mix."""
+OpenAIFinishReason = Literal["stop", "length", "abort"]
+"""``abort``: cut off by a pause in ``abort`` mode (vLLM's name); the tokens so far are kept."""
 
 
 class StreamOptions(_Body):
@@ -306,7 +308,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: OpenAIFinishReason
     token_ids: list[int] | None = Field(default=None, description="Our extension: output ids.")
 
 
@@ -342,7 +344,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: OpenAIFinishReason
     token_ids: list[int] | None = Field(default=None, description="Our extension: output ids.")
 
 
@@ -371,7 +373,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: OpenAIFinishReason | None = None
     token_ids: list[int] | None = Field(default=None, description="Our extension: new ids.")
 
 
@@ -390,7 +392,7 @@ class CompletionChunkChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: OpenAIFinishReason | None = None
     token_ids: list[int] | None = Field(default=None, description="Our extension: new ids.")
 
 
@@ -457,11 +459,25 @@ class GenerateRequest(_Body):
 
 
 class GenerateFinishReason(BaseModel):
-    """``type`` is ``stop`` (``matched``: the eos/stop id or string) or ``length``."""
+    """``type`` is ``stop`` (``matched``: the eos/stop id or string), ``length``, or ``abort``
+    (a pause in ``abort`` mode ended it; resubmit the ids so far to continue)."""
 
-    type: Literal["stop", "length"]
+    type: Literal["stop", "length", "abort"]
     matched: int | str | None = None
     length: int | None = None
+    message: str | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Why it was aborted (SGLang's field); absent otherwise.",
+    )
+
+
+class WeightVersionSpan(BaseModel):
+    """vLLM's span: output tokens ``[start, end)`` were sampled by weights ``version``."""
+
+    version: str
+    start: int
+    end: int
 
 
 class GenerateMetaInfo(BaseModel):
@@ -475,7 +491,10 @@ class GenerateMetaInfo(BaseModel):
     finish_reason: GenerateFinishReason
     prompt_tokens: int
     completion_tokens: int
-    weight_version: int
+    weight_version: int = Field(description="The version that sampled the first output token.")
+    weight_versions: list[WeightVersionSpan] | None = Field(
+        default=None, description="Every output token's version, as vLLM reports them."
+    )
 
 
 class GenerateResponse(BaseModel):
@@ -490,6 +509,12 @@ class UpdateWeightsRequest(_Body):
     """``POST /update_weights_from_disk`` (SGLang's shape): a local transformers folder."""
 
     model_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    weight_version: str | None = Field(
+        default=None, max_length=20, description="Version to report once loaded (a step)."
+    )
+    abort_all_requests: bool = Field(
+        default=False, description="Abort the requests in flight instead of letting them finish."
+    )
 
 
 class UpdateWeightsResponse(BaseModel):
@@ -505,6 +530,89 @@ class LoadLoraRequest(_Body):
     lora_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
 
 
+PauseMode = Literal["abort", "wait", "keep"]
+"""vLLM's ``/pause`` modes: abort what is in flight, wait for it to finish, or keep it frozen."""
+
+
+class WeightTransferInitInfo(_Body):
+    """``init_info`` of ``/init_weight_transfer_engine`` on the embedded server."""
+
+    transport: Literal["http", "shm"] = Field(
+        default="http",
+        description="http: each chunk is a safetensors body; shm: a shared-memory block.",
+    )
+
+
+class WeightTransferInitRequest(_Body):
+    init_info: WeightTransferInitInfo = Field(default_factory=WeightTransferInitInfo)
+
+
+class WeightTransferInitResponse(BaseModel):
+    message: str
+    parameters: dict[str, list[int]] = Field(description="Each served parameter's shape.")
+    dtype: str = Field(description="The served dtype; send tensors in it to checksum them.")
+
+
+class WeightUpdateInfo(_Body):
+    """vLLM's ``update_info`` for a packed chunk in shared memory (``shm`` transport)."""
+
+    names: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] = Field(max_length=100_000)
+    dtype_names: list[Annotated[str, Field(max_length=16)]] = Field(max_length=100_000)
+    shapes: list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]] = Field(max_length=100_000)
+    shm_name: str = Field(min_length=1, max_length=200)
+
+
+class WeightUpdateRequest(_Body):
+    update_info: WeightUpdateInfo
+
+
+class FinishWeightUpdateRequest(_Body):
+    weight_version: str | None = Field(
+        default=None, max_length=20, description="The new version (a trainer step); default +1."
+    )
+
+
+class UpdateWeightVersionRequest(_Body):
+    """vLLM's ``/update_weight_version``: relabel the served weights (SGLang's body too)."""
+
+    new_version: str = Field(min_length=1, max_length=20)
+
+
+class WeightTransferResponse(BaseModel):
+    message: str
+    weight_version: str | None = None
+    tensors: int | None = Field(default=None, description="Tensors staged or installed.")
+
+
+class GenerationStateResponse(BaseModel):
+    status: Literal["paused", "resumed"]
+
+
+class IsPausedResponse(BaseModel):
+    is_paused: bool
+
+
+class WeightInfoResponse(BaseModel):
+    weight_version: str
+
+
+class WeightCheckerRequest(_Body):
+    """vLLM's ``/weight_checker``: ``checksum`` answers digests, ``compare`` checks them."""
+
+    action: Literal["checksum", "compare"]
+    baseline: dict[Annotated[str, Field(max_length=MAX_NAME_CHARS)], str] | None = None
+
+
+class WeightCheckerResponse(BaseModel):
+    checksums: dict[str, str] | None = None
+    match: bool | None = None
+    mismatches: list[str] | None = None
+
+
+class ResetPrefixCacheResponse(BaseModel):
+    success: bool
+
+
 class InferenceHealthResponse(BaseModel):
     """``GET /health`` of the embedded server; the counts are taken after the last step."""
 
@@ -518,3 +626,5 @@ class InferenceHealthResponse(BaseModel):
     decode_steps: int = Field(default=0, description="Decode steps since the server started.")
     preemptions: int = Field(default=0, description="Rows paused for a fairer share (resumed).")
     cancelled_requests: int = Field(default=0, description="Requests whose client left.")
+    aborted_sequences: int = Field(default=0, description="Sequences ended by pause(abort).")
+    paused: PauseMode | None = Field(default=None, description="The pause mode, if paused.")

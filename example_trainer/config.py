@@ -23,7 +23,13 @@ from atroposlib.utils.yaml_settings import (
     yaml_layer,
 )
 
-FULL_SYNC = ("disk", "vllm_restart")
+FULL_SYNC = ("disk", "vllm_restart", "embedded", "vllm", "sglang")
+LIVE_SYNC = {
+    "embedded": ("http", "shm"),
+    "vllm": ("nccl", "ipc", "disk"),
+    "sglang": ("distributed", "disk"),
+}
+"""The engines' native in-flight APIs and their transports (the first is ``auto``'s)."""
 
 
 class LossConfig(BaseModel):
@@ -229,10 +235,40 @@ class TrainerConfig(LayeredSettings):
     max_staleness: int | None = Field(
         None, ge=0, description="Ask the broker to drop groups older than N steps."
     )
-    weight_sync: Literal["none", "disk", "vllm_restart", "lora"] = Field(
-        "none",
-        description="How inference servers get new weights: reload from disk, restart vLLM, "
-        "or hot-load a LoRA adapter.",
+    weight_sync: Literal["none", "disk", "vllm_restart", "lora", "embedded", "vllm", "sglang"] = (
+        Field(
+            "none",
+            description="How inference servers get new weights: reload from disk, restart vLLM, "
+            "hot-load a LoRA adapter, or the engine's native in-flight update (embedded, vllm, "
+            "sglang: weights reach the servers while requests are in flight).",
+        )
+    )
+    sync_transport: Literal["auto", "http", "shm", "nccl", "ipc", "disk", "distributed"] = Field(
+        "auto",
+        description="In-flight transport: embedded http|shm, vllm nccl|ipc|disk, sglang "
+        "distributed|disk (auto: the first of each).",
+    )
+    sync_pause: Literal["keep", "wait", "abort"] = Field(
+        "keep",
+        description="In-flight pause mode: keep (requests freeze and continue on the new "
+        "weights), wait (they finish first), abort (they end; envs resubmit them token-in).",
+    )
+    sync_chunk_mb: int = Field(32, gt=0, description="In-flight transfer chunk size (MiB).")
+    sync_verify: Literal["version", "checksum"] = Field(
+        "version",
+        description="After each in-flight sync, read every server's weight version back; "
+        "checksum: also compare weight checksums (embedded, vllm).",
+    )
+    sync_recompute_kv: bool = Field(
+        False,
+        description="keep mode: requests in flight recompute their KV cache under the new "
+        "weights (vLLM reset_running_requests, SGLang retract) instead of keeping it.",
+    )
+    sync_master_address: str = Field(
+        "127.0.0.1", description="nccl/distributed: address of the trainer's rendezvous."
+    )
+    sync_master_port: int = Field(
+        29600, ge=1, le=65535, description="nccl/distributed: port of the trainer's rendezvous."
     )
     inference_urls: list[str] = Field(
         default_factory=list, description="Inference servers to update (base URLs)."
@@ -270,6 +306,17 @@ class TrainerConfig(LayeredSettings):
             raise ValueError(
                 "weight_sync=lora hot-loads an adapter, but lora.enabled is false; "
                 "set --lora.enabled or choose --weight_sync disk"
+            )
+        transports = LIVE_SYNC.get(self.weight_sync)
+        if transports is None and self.sync_transport != "auto":
+            raise ValueError(
+                f"sync_transport={self.sync_transport} is for the in-flight syncs; set "
+                "--weight_sync embedded, vllm or sglang, or leave --sync_transport auto"
+            )
+        if transports is not None and self.sync_transport not in ("auto", *transports):
+            raise ValueError(
+                f"weight_sync={self.weight_sync} has no transport {self.sync_transport}; "
+                f"choose --sync_transport from {', '.join(transports)}"
             )
         if self.weight_sync != "none" and not self.inference_urls:
             raise ValueError(

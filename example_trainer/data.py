@@ -43,8 +43,9 @@ class Sample:
     weight: float = 1.0  # 0.0 leaves the sequence out of the loss
     score: float = 0.0
     env_id: int | None = None
-    policy_version: int | None = None
+    policy_version: int | None = None  # the weight version of its oldest sampled token
     zero_advantage: bool = False  # override set_advantage_to_zero
+    token_versions: np.ndarray | None = None  # (L,) int64, -1 where not sampled
     distill_ids: np.ndarray | None = None  # (L, K) int64 teacher top-k ids, -1 where none
     distill_logprobs: np.ndarray | None = None  # (L, K) float32
 
@@ -117,6 +118,7 @@ def batch_to_samples(
         gen_temp = float((meta.generation_params or {}).get("temperature", 1.0))
         given_adv = group.get("advantages")
         inf_lp, ref_lp = group.get("inference_logprobs"), group.get("ref_logprobs")
+        token_versions = group.get("token_policy_versions")
         scores = meta.scores
         env_id = meta.env_id
         start = len(samples)
@@ -150,8 +152,11 @@ def batch_to_samples(
                     weight=weight,
                     score=scores[i],
                     env_id=env_id,
-                    policy_version=meta.policy_version,
+                    policy_version=_oldest_version(meta, i),
                     zero_advantage=bool(meta.override(i, "set_advantage_to_zero", False)),
+                    token_versions=None
+                    if token_versions is None or token_versions[i] is None
+                    else _array(token_versions[i], np.int64),
                 )
             )
             rewards[str(env_id)].append(scores[i])
@@ -203,6 +208,32 @@ def batch_to_samples(
         stats.advantage = {"mean": a.mean(), "std": a.std(), "min": a.min(), "max": a.max()}
     stats.policy_versions = [s.policy_version for s in samples if s.policy_version is not None]
     return samples, baselines, stats
+
+
+def _oldest_version(meta: GroupMeta, index: int) -> int | None:
+    """The sequence's oldest token's version (``policy_versions``), else the group's."""
+    own = meta.policy_versions[index] if meta.policy_versions is not None else None
+    return own if own is not None else meta.policy_version
+
+
+def version_lags(samples: Sequence[Sample], step: int) -> np.ndarray:
+    """How many updates old each trained token's weights were when step ``step`` trains on it:
+    ``(step - 1) - version`` (the weights after step ``step - 1`` are version ``step - 1``).
+    Tokens without a version (per token, else the sequence's) are left out."""
+    lags = []
+    for sample in samples:
+        if sample.weight == 0:
+            continue
+        trained = sample.labels != MASK_IGNORE_INDEX
+        if sample.token_versions is not None:
+            versions = sample.token_versions[trained]
+            versions = versions[versions >= 0]
+        elif sample.policy_version is not None:
+            versions = np.full(int(trained.sum()), sample.policy_version)
+        else:
+            continue
+        lags.append((step - 1) - versions)
+    return np.concatenate(lags) if lags else np.zeros(0, dtype=np.int64)
 
 
 def batch_totals(samples: Sequence[Sample]) -> BatchTotals:

@@ -11,8 +11,11 @@ see README.md. SFT rows (override ``sft``) are trained with plain NLL in the sam
 Micro-batches are packed rows by default (example_trainer.packing: whole sequences back to
 back, block-diagonal attention, no padding) or length-bucketed padded rows.
 
-Left out: several optimizer steps per batch (PPO epochs), NCCL weight broadcast to inference
-engines, value models.
+Weights reach inference by disk reload, vLLM restart, LoRA hot-load, or the engines' native
+in-flight updates (``weight_sync`` embedded / vllm / sglang, see ``inflight/``); a push that
+fails on a server after its retries stops the run with one line naming the server.
+
+Left out: several optimizer steps per batch (PPO epochs), value models.
 
 Run: ``atropos-grpo --model FOLDER --batch_size 8`` or ``torchrun --nproc_per_node 2 -m
 example_trainer.train ...``; rank 0 talks to the broker and broadcasts each batch.
@@ -25,6 +28,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +53,7 @@ from example_trainer.checkpoint import (
     write_pushed_weights,
 )
 from example_trainer.config import TrainerConfig, load_config
-from example_trainer.data import batch_to_samples, batch_totals, shard_plan
+from example_trainer.data import batch_to_samples, batch_totals, shard_plan, version_lags
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
 from example_trainer.packing import (
@@ -58,8 +62,9 @@ from example_trainer.packing import (
     model_logprobs,
     student_distill_logprobs,
 )
+from example_trainer.sync_report import WeightSyncError
 from example_trainer.tracking import make_tracker
-from example_trainer.weight_sync import make_weight_sync
+from example_trainer.weight_sync import push_weights, sync_for
 
 logger = logging.getLogger("example_trainer")
 
@@ -182,15 +187,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     tracker = make_tracker(cfg, rank)
 
     # ---- broker and inference servers (rank 0 only) ---------------------------------------
-    sync = make_weight_sync(
-        cfg.weight_sync,
-        cfg.inference_urls,
-        retries=cfg.sync_retries,
-        timeout=cfg.sync_timeout,
-        vllm_command=cfg.vllm_command,
-        adapter_name=cfg.lora.adapter_name,
-        api_key=cfg.inference_api_key,
-    )
+    sync = sync_for(cfg)
     if rank == 0:
         if client is None:
             from atroposlib.api.client import TrainerClient
@@ -225,6 +222,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         t_data = time.perf_counter() - t0
         samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
         totals = batch_totals(samples)
+        lags = version_lags(samples, step)  # (tokens,): updates between sampling and training
         # Sequences with nothing to train (zero-variance groups, masked rows) add 0 to the loss
         # and every metric: no forward/backward for them (one kept if none is left, for DDP).
         samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
@@ -304,6 +302,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/invalid_groups": float(stats.invalid_groups),
             "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "train/staleness_max": float(max(staleness)) if staleness else 0.0,
+            "train/version_lag_min": float(lags.min()) if lags.size else 0.0,
+            "train/version_lag_mean": float(lags.mean()) if lags.size else 0.0,
+            "train/version_lag_max": float(lags.max()) if lags.size else 0.0,
             "train/elapsed_s": time.monotonic() - started,
             **{f"train/advantage_{k}": float(v) for k, v in stats.advantage.items()},
             **{f"env/{env}/reward_mean": r for env, r in stats.rewards_by_env.items()},
@@ -345,16 +346,21 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 dist.barrier()
         if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
             weights = gather_full_state(model, None, sharded).model  # collective under FSDP
+            failed = None
             if rank == 0:
                 folder = cfg.save_dir / "weights" / f"step-{step}"
-                merged = sync.writes == "full"
-                write_pushed_weights(model, folder, tokenizer, merged, weights, checkpoint)
-                report = sync.push(folder, step)
-                sync_row = {"sync/seconds": report.seconds, "sync/failed": len(report.failed)}
-                tracker.log(sync_row, step=step)
-                if report.failed:
-                    logger.error("weight sync step %d failed for %s", step, report.failed)
+                merged = sync.writes != "adapter"
+                write = partial(
+                    write_pushed_weights, model, folder, tokenizer, merged, weights, checkpoint
+                )
+                report = push_weights(sync, model, weights, folder, write, step)
+                tracker.log(report.metrics(), step=step)
+                history[-1].update(report.metrics())
+                failed = report if report.failed else None
                 prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
+            failed = broadcast(failed, world)  # every rank stops, not only rank 0
+            if failed is not None:
+                raise WeightSyncError(failed)
         if world > 1:
             dist.barrier()
         if out_of_time:
@@ -417,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         train(cfg)
     except BrokerError as exc:  # unreachable or refusing broker: one line, not a traceback
         logger.error("%s (broker_url=%s)", exc, cfg.broker_url)
+        return 1
+    except WeightSyncError as exc:  # a server did not take new weights: one line naming it
+        logger.error("%s", exc)
         return 1
     if dist.is_initialized():
         dist.destroy_process_group()

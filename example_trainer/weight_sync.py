@@ -1,13 +1,18 @@
 """Getting new weights into the inference servers: one interface, one class per way.
 
 - ``DiskReload``: the trainer writes an HF folder; each server reloads it with
-  ``POST /update_weights_from_disk {"model_path": ...}`` (our embedded server, SGLang).
+  ``POST /update_weights_from_disk {"model_path": ..., "weight_version": step}`` (our embedded
+  server, SGLang), which waits for the requests in flight; the version is read back after.
 - ``VllmRestart``: the trainer owns one vLLM process per URL and restarts it on the folder.
 - ``LoraHotLoad``: the trainer writes a peft adapter; each server hot-loads it with
   ``POST /v1/load_lora_adapter`` (vLLM with runtime LoRA updating, SGLang).
 
+- ``embedded`` / ``vllm`` / ``sglang``: the engines' native in-flight updates
+  (:mod:`example_trainer.inflight`): weights reach the servers while requests are in flight.
+
 Every server in the list is updated; each failure is retried ``retries`` times with backoff and
-reported in the returned ``SyncReport`` (the loop logs it and counts it as a metric).
+reported in the returned ``SyncReport``; a push that still failed stops the run
+(:class:`~example_trainer.sync_report.WeightSyncError`, raised by the loop).
 """
 
 from __future__ import annotations
@@ -18,31 +23,23 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 from urllib.parse import urlparse
 
 import httpx
+from torch import Tensor, nn
+
+from example_trainer.config import LIVE_SYNC, TrainerConfig
+from example_trainer.sync_report import SyncReport
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class SyncReport:
-    step: int
-    updated: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-
 class WeightSync(Protocol):
-    writes: Literal["full", "adapter"]
-    """What the loop writes before ``push``: full HF weights or a peft adapter folder."""
+    writes: Literal["full", "adapter", "tensors"]
+    """What the loop hands over: a full HF folder or a peft adapter folder (``push``), or the
+    weights themselves (``push_live``, the in-flight strategies)."""
 
     def start(self, model_path: str) -> None: ...
     def push(self, weights: Path, step: int) -> SyncReport: ...
@@ -103,7 +100,9 @@ def _push_each(urls: list[str], step: int, update: Callable[[str], str | None]) 
 
 class _HttpSync:
     path = ""
-    writes: Literal["full", "adapter"] = "full"
+    readback: str | None = None
+    """GET path answering ``{"weight_version": ...}``, to check each server took the push."""
+    writes: Literal["full", "adapter", "tensors"] = "full"
 
     def __init__(
         self,
@@ -131,10 +130,26 @@ class _HttpSync:
         return _push_each(
             self.urls,
             step,
-            lambda url: _post_until_ok(
-                self.client, url + self.path, body, self.retries, self.backoff
+            lambda url: (
+                _post_until_ok(self.client, url + self.path, body, self.retries, self.backoff)
+                or self._read_back(url, str(step))
             ),
         )
+
+    def _read_back(self, url: str, version: str) -> str | None:
+        """None if ``url`` serves ``version`` (or cannot say: no such route), else why not."""
+        if self.readback is None:
+            return None
+        try:
+            response = self.client.get(url + self.readback)
+        except httpx.HTTPError as exc:
+            return f"version read-back failed: {type(exc).__name__}: {exc}"
+        if response.status_code in (404, 405):
+            return None  # a server without SGLang's read-back route
+        got = response.json().get("weight_version") if response.is_success else response.text
+        if str(got) != version:
+            return f"reports weight_version {got!r} after the update to {version!r}"
+        return None
 
     def close(self) -> None:
         self.client.close()
@@ -142,14 +157,15 @@ class _HttpSync:
 
 class DiskReload(_HttpSync):
     path = "/update_weights_from_disk"
+    readback = "/get_weight_version"
 
     def body(self, weights: Path, step: int) -> dict[str, Any]:
-        return {"model_path": str(weights.resolve())}
+        return {"model_path": str(weights.resolve()), "weight_version": str(step)}
 
 
 class LoraHotLoad(_HttpSync):
     path = "/v1/load_lora_adapter"
-    writes: Literal["full", "adapter"] = "adapter"
+    writes: Literal["full", "adapter", "tensors"] = "adapter"
 
     def __init__(self, urls: list[str], adapter_name: str, **kwargs: Any) -> None:
         super().__init__(urls, **kwargs)
@@ -166,7 +182,7 @@ class LoraHotLoad(_HttpSync):
 class VllmRestart:
     """One server process per URL, started from ``command`` ({model}, {port}) and restarted."""
 
-    writes: Literal["full", "adapter"] = "full"
+    writes: Literal["full", "adapter", "tensors"] = "full"
 
     def __init__(
         self,
@@ -236,7 +252,7 @@ class VllmRestart:
 
 
 class NoSync:
-    writes: Literal["full", "adapter"] = "full"
+    writes: Literal["full", "adapter", "tensors"] = "full"
 
     def start(self, model_path: str) -> None:
         """Nothing to start."""
@@ -267,3 +283,56 @@ def make_weight_sync(
     if mode == "vllm_restart":
         return VllmRestart(urls, vllm_command, retries=retries, ready_timeout=timeout)
     return NoSync()
+
+
+def sync_for(cfg: TrainerConfig) -> WeightSync:
+    """The strategy ``cfg.weight_sync`` names, with its settings."""
+    if cfg.weight_sync in LIVE_SYNC:
+        from example_trainer.inflight import Fleet, make_live_sync
+
+        fleet = Fleet(cfg.inference_urls, timeout=cfg.sync_timeout, api_key=cfg.inference_api_key)
+        return make_live_sync(
+            cfg.weight_sync,  # type: ignore[arg-type]
+            fleet,
+            transport=cfg.sync_transport,
+            pause=cfg.sync_pause,
+            chunk_bytes=cfg.sync_chunk_mb << 20,
+            verify=cfg.sync_verify,
+            recompute_kv=cfg.sync_recompute_kv,
+            retries=cfg.sync_retries,
+            master_address=cfg.sync_master_address,
+            master_port=cfg.sync_master_port,
+        )
+    return make_weight_sync(
+        cfg.weight_sync,
+        cfg.inference_urls,
+        retries=cfg.sync_retries,
+        timeout=cfg.sync_timeout,
+        vllm_command=cfg.vllm_command,
+        adapter_name=cfg.lora.adapter_name,
+        api_key=cfg.inference_api_key,
+    )
+
+
+def push_weights(
+    sync: WeightSync,
+    model: nn.Module,
+    state_dict: dict[str, Tensor] | None,
+    folder: Path,
+    write_folder: Callable[[], None],
+    step: int,
+) -> SyncReport:
+    """Hand this step's weights to ``sync``: as a folder ``write_folder`` writes at ``folder``,
+    or (in-flight strategies) as tensors, the folder written only if its transport needs one."""
+    if sync.writes != "tensors":
+        write_folder()
+        return sync.push(folder, step)
+    from example_trainer.inflight.tensors import PushedWeights, hf_tensors
+
+    def written() -> Path:
+        if not folder.exists():
+            write_folder()
+        return folder
+
+    with hf_tensors(model, state_dict) as tensors:
+        return sync.push_live(PushedWeights(tensors, written), step)  # type: ignore[attr-defined]

@@ -435,7 +435,21 @@ class Broker:
                 f"a sequence has {checked.max_len} tokens, more than the trainer's max_token_len "
                 f"{trainer.max_token_len}; truncate or filter it before sending",
             )
+        self._refuse_stale(checked, trainer)
         return checked, too_long, encode_group(checked.group)
+
+    def _refuse_stale(self, checked: CheckedGroup, trainer: TrainerRegistration | None) -> None:
+        if self.settings.stale_policy != "reject" or trainer is None:
+            return
+        version, limit = checked.policy_version, trainer.max_staleness
+        if version is None or limit is None or version >= self.current_step - limit:
+            return
+        raise InvalidGroupError(
+            "policy_versions",
+            f"the group's oldest token was sampled by weights of step {version}, more than the "
+            f"trainer's max_staleness {limit} steps before step {self.current_step}; resample "
+            "it on newer weights",
+        )
 
     def ingest(self, raws: Sequence[Any], *, as_list: bool = False) -> IngestResult:
         """Validate every group, then queue all of them or none (errors name the index)."""

@@ -90,6 +90,12 @@ class BrokerSettings(BaseSettings):
         description="A sequence longer than the trainer's max_token_len: 'reject' answers 422, "
         "'drop' discards its group and counts it.",
     )
+    stale_policy: Literal["drop", "reject"] = Field(
+        default="drop",
+        description="A group whose oldest sampled token is more than the trainer's "
+        "max_staleness steps old: 'drop' discards it from the queue and counts it, 'reject' "
+        "also answers 422 when it is posted already that old.",
+    )
     recent_groups_kept: int = Field(
         default=64, ge=0, description="Accepted groups kept for GET /recent_groups."
     )

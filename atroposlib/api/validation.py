@@ -229,5 +229,18 @@ def check_group(raw: Any, *, batch_size: int | None = None) -> CheckedGroup:
         max_len=max(lengths),
         env_id=_optional_int(raw, "env_id", -MAX_STEP),
         group_id=group_id,
-        policy_version=_optional_int(raw, "policy_version", 0),
+        policy_version=_oldest_version(group, _optional_int(raw, "policy_version", 0)),
     )
+
+
+def _oldest_version(group: dict[str, Any], declared: int | None) -> int | None:
+    """The oldest weight version in the group: of its oldest sampled token when the env sent
+    per-token (``token_policy_versions``, -1: not sampled) or per-sequence versions, else the
+    group's ``policy_version``; staleness is judged on it."""
+    versions = [] if declared is None else [declared]
+    versions += [v for v in group.get("policy_versions") or () if v is not None]
+    for row in group.get("token_policy_versions") or ():
+        sampled = row[row >= 0]
+        if sampled.size:
+            versions.append(int(sampled.min()))
+    return min(versions, default=None)

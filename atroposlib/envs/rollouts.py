@@ -18,21 +18,26 @@ re-tokenizing the reply text: logged once, and its groups carry no ``inference_l
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.envs.trajectory import ChatTemplate, Trajectory, finish_reason
-from atroposlib.errors import ContextFullError
+from atroposlib.errors import ContextFullError, InferenceError
 from atroposlib.group import GroupOverrides, ScoredData, SequenceOverrides
 from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)
+
+MAX_RESUBMISSIONS = 100
+"""Aborts of one reply in a row before sampling gives up (a server never resumed)."""
 
 ScoreReplies = Callable[[list[str]], Sequence[float] | Awaitable[Sequence[float]]]
 """Scores for a list of replies, one each, in order (a plain or an async function)."""
@@ -97,10 +102,13 @@ class TokenSampler:
     async def sample(self, trajectory: Trajectory, n: int = 1, **sampling: Any) -> list[Trajectory]:
         """``n`` continuations of ``trajectory``, each sent as its exact id prefix.
 
-        A trajectory whose last reply was aborted (an in-flight weight update, say) is
-        resubmitted as it is and the reply continues from its exact ids. With
-        ``max_token_length`` set, replies are capped to the room left; ContextFullError when
-        there is none.
+        A reply the engine aborts (a weight update paused it in ``abort`` mode) is resubmitted
+        token-in, the prompt and the reply's ids so far with the rest of its token budget,
+        until it finishes: no sampled token is thrown away or sampled again, and each keeps the
+        weight version that sampled it. A trajectory whose last reply was aborted is continued
+        the same way.
+        With ``max_token_length`` set, each piece is capped to the room left; ContextFullError
+        when there is none to start with.
         """
         if "temperature" in sampling:
             raise ValueError(
@@ -113,16 +121,21 @@ class TokenSampler:
             **self.sampling,
             **sampling,
         }
-        if self.max_token_length is not None:
-            room = self.max_token_length - len(trajectory.tokens)
-            if room <= 0:
-                raise ContextFullError(
-                    f"the trajectory has {len(trajectory.tokens)} tokens, "
-                    f"max_token_length is {self.max_token_length}"
-                )
-            params["max_tokens"] = min(int(params["max_tokens"]), room)
+        if self.max_token_length is not None and len(trajectory.tokens) >= self.max_token_length:
+            raise ContextFullError(
+                f"the trajectory has {len(trajectory.tokens)} tokens, "
+                f"max_token_length is {self.max_token_length}"
+            )
+        budget = int(params["max_tokens"])
+        first = {**params, "max_tokens": self._piece_budget(trajectory, budget)}
         if not self.server.returns_token_ids:
-            return await self._sample_text(trajectory, n, params)
+            return await self._sample_text(trajectory, n, first)
+        replies = await self._sample_ids(trajectory, n, first)
+        return list(await asyncio.gather(*(self._until_finished(r, params) for r in replies)))
+
+    async def _sample_ids(
+        self, trajectory: Trajectory, n: int, params: dict[str, Any]
+    ) -> list[Trajectory]:
         samples = await self.server.generate(list(trajectory.tokens), n, params)
         before = trajectory.reply_ids if trajectory.finish_reason == "abort" else []
         return [
@@ -132,9 +145,33 @@ class TokenSampler:
                 s.weight_version,
                 finish_reason(s.finish_reason),
                 self.template.text([*before, *s.output_ids]),
+                s.token_versions,
             )
             for s in samples
         ]
+
+    async def _until_finished(self, trajectory: Trajectory, params: dict[str, Any]) -> Trajectory:
+        """Resubmit an aborted reply with the budget it has left until it ends."""
+        budget = int(params["max_tokens"])
+        for _ in range(MAX_RESUBMISSIONS):
+            if trajectory.finish_reason != "abort":
+                return trajectory
+            left = self._piece_budget(trajectory, budget)
+            if left <= 0:
+                return replace(trajectory, finish_reason="length")
+            [trajectory] = await self._sample_ids(trajectory, 1, {**params, "max_tokens": left})
+        raise InferenceError(
+            f"a reply was aborted {MAX_RESUBMISSIONS} times in a row; is the inference server "
+            "being paused in abort mode without ever being resumed?"
+        )
+
+    def _piece_budget(self, trajectory: Trajectory, budget: int) -> int:
+        """Tokens the reply's next piece may sample: what its budget has left (an aborted
+        reply's ids so far count), capped to the room ``max_token_length`` leaves."""
+        left = budget - _open_reply_length(trajectory)
+        if self.max_token_length is None:
+            return left
+        return min(left, self.max_token_length - len(trajectory.tokens))
 
     async def _sample_text(
         self, trajectory: Trajectory, n: int, params: dict[str, Any]
@@ -212,6 +249,11 @@ def trajectory_group(
             "extra": [_plain(e) for e in extra] if extra is not None else None,
         }
     )
+
+
+def _open_reply_length(trajectory: Trajectory) -> int:
+    """Ids of the reply still open (aborted), which count against its token budget."""
+    return len(trajectory.reply_ids) if trajectory.finish_reason == "abort" else 0
 
 
 def _plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:

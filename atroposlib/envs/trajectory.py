@@ -138,13 +138,21 @@ class Trajectory:
         version: int | None,
         reason: FinishReason,
         text: str,
+        token_versions: Sequence[int] | None = None,
     ) -> Trajectory:
         """This trajectory followed by one sampled reply (``logprobs`` None: not exact).
 
-        After an aborted reply, ``ids`` continue it and ``text`` is the whole reply's text.
+        ``token_versions`` (one per id) when the engine reported which weights sampled each
+        token, else every id gets ``version``. After an aborted reply, ``ids`` continue it and
+        ``text`` is the whole reply's text.
         """
         ids = list(ids)
         sampled_version = NOT_SAMPLED_VERSION if version is None else version
+        if token_versions is not None and len(token_versions) != len(ids):
+            raise ValueError(f"{len(token_versions)} token versions for {len(ids)} sampled ids")
+        versions = (
+            list(token_versions) if token_versions is not None else [sampled_version] * len(ids)
+        )
         resumed = self.finish_reason == "abort"
         reply: Message = {"role": "assistant", "content": text}
         return replace(
@@ -152,7 +160,7 @@ class Trajectory:
             tokens=[*self.tokens, *ids],
             masks=[*self.masks, *ids],
             logprobs=[*self.logprobs, *(logprobs if logprobs is not None else [0.0] * len(ids))],
-            versions=[*self.versions, *[sampled_version] * len(ids)],
+            versions=[*self.versions, *versions],
             messages=[*self.messages[:-1], reply] if resumed else [*self.messages, reply],
             finish_reason=reason,
             reply=text,

@@ -2,9 +2,11 @@
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (OpenAI shapes), ``POST /generate`` (SGLang's token-in,
-token-out shape), ``POST /update_weights_from_disk`` (SGLang's reload shape) and
-``POST /v1/load_lora_adapter`` (vLLM's shape; merged into the base, see ``inference.lora``).
-The generation side is :mod:`atroposlib.inference.scheduler`.
+token-out shape), ``POST /update_weights_from_disk`` (SGLang's reload shape),
+``POST /v1/load_lora_adapter`` (vLLM's shape; merged into the base, see ``inference.lora``)
+and vLLM's weight-update control API (pause/resume, the four transfer phases, version
+read-back, weight checker: :mod:`atroposlib.inference.control_api`). The generation side is
+:mod:`atroposlib.inference.scheduler`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedModel
 
+from atroposlib.inference.control_api import router as control_router
 from atroposlib.inference.engine import ModelRunner, check_compatible, load_model
 from atroposlib.inference.limits import BodySizeLimit
 from atroposlib.inference.lora import load_merged
@@ -65,10 +68,12 @@ def create_app(settings: InferenceSettings) -> FastAPI:
 
     app = FastAPI(title="atroposlib inference", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    chunks = {"/update_weights": (settings.max_weight_chunk_bytes, "--max-weight-chunk-bytes")}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
     guarded = [Depends(_bearer_check(settings.api_key))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)
+    app.include_router(control_router, dependencies=guarded)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route(
         "/v1/load_lora_adapter",
@@ -105,18 +110,18 @@ async def health(request: Request) -> InferenceHealthResponse:
 
 
 async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request) -> Any:
-    """Load a checkpoint beside the served weights, then swap it in between steps."""
+    """Load a checkpoint beside the served weights, then swap it in between steps (SGLang's
+    body: ``weight_version`` labels it, ``abort_all_requests`` ends what is in flight)."""
     state = server_state(request)
     runner = state.runner
+    version = body.weight_version
+    if version is not None and not version.isdigit():
+        raise HTTPException(422, "weight_version: the embedded server's versions are digits")
+    load = (load_model, body.model_path, runner.device, runner.dtype)
     answer = await _swap_in(
-        state,
-        "model_path",
-        body.model_path,
-        load_model,
-        body.model_path,
-        runner.device,
-        runner.dtype,
-    )
+        state, "model_path", body.model_path, *load,
+        version=int(version) if version is not None else None, abort=body.abort_all_requests,
+    )  # fmt: skip
     if isinstance(answer, UpdateWeightsResponse):
         state.base_path, state.lora_names = body.model_path, []
     return answer
@@ -142,7 +147,13 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> Any:
 
 
 async def _swap_in(
-    state: ServerState, field: str, path: str, loader: Callable[..., PreTrainedModel], *args: Any
+    state: ServerState,
+    field: str,
+    path: str,
+    loader: Callable[..., PreTrainedModel],
+    *args: Any,
+    version: int | None = None,
+    abort: bool = False,
 ) -> UpdateWeightsResponse | JSONResponse:
     """Load new weights off the worker thread, check them, and swap them in between steps."""
     async with state.swap_lock:
@@ -157,7 +168,14 @@ async def _swap_in(
             )
             return JSONResponse(status_code=400, content=refused.model_dump() | {"detail": message})
         started = time.perf_counter()
-        version = await state.scheduler.swap_weights(model)
+        pausing = abort and state.scheduler.paused is None
+        if abort:
+            await state.scheduler.pause("abort")
+        try:
+            version = await state.scheduler.swap_weights(model, version)
+        finally:
+            if pausing:
+                await state.scheduler.resume()
     waited = time.perf_counter() - started
     return UpdateWeightsResponse(
         success=True,

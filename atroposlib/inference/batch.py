@@ -30,10 +30,23 @@ class Sequence:
         self.matched_stop: str | int | None = None
         self.text: str = ""
         self.weight_version = 0
+        """The weight version when the sequence was admitted (its first token's)."""
+        self.version_starts: list[tuple[int, int]] = []
+        """``(weight version, index of the first output token it sampled)``, one per change."""
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def note_version(self, version: int) -> None:
+        """Record that the newest output token was sampled by ``version``."""
+        if not self.version_starts or self.version_starts[-1][0] != version:
+            self.version_starts.append((version, len(self.output_ids) - 1))
+
+    def version_spans(self) -> list[tuple[int, int, int]]:
+        """``(version, start, end)``: output tokens ``[start, end)`` came from ``version``."""
+        ends = [start for _, start in self.version_starts[1:]] + [len(self.output_ids)]
+        return [(v, s, e) for (v, s), e in zip(self.version_starts, ends, strict=True)]
 
     @property
     def context_ids(self) -> list[int]:

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from atroposlib.inference.batch import ActiveBatch, Sequence
@@ -147,6 +148,31 @@ class ModelRunner:
         )
         batch.positions = batch.positions + 1
         self._sample_into(batch, out.logits[:, -1, :])
+
+    def parameters(self) -> dict[str, torch.nn.Parameter]:
+        """Every parameter by name; tied weights appear under each of their names."""
+        return dict(self.model.named_parameters(remove_duplicate=False))
+
+    def install(self, tensors: dict[str, Tensor]) -> None:
+        """Serve ``tensors`` (staged by :mod:`atroposlib.inference.weight_transfer`) in place
+        of the parameters of the same names; nothing changes if one does not fit."""
+        params = self.parameters()
+        for name, tensor in tensors.items():
+            param = params.get(name)
+            if param is None:
+                raise KeyError(f"the served model has no parameter {name!r}")
+            if tensor.shape != param.shape or tensor.dtype != param.dtype:
+                raise ValueError(
+                    f"{name}: staged {tuple(tensor.shape)} {tensor.dtype} does not "
+                    f"fit the served {tuple(param.shape)} {param.dtype}"
+                )
+        for name, tensor in tensors.items():
+            params[name].data = tensor.to(params[name].device)
+
+    def abort(self, row: Sequence) -> None:
+        """End ``row`` now with what it has (a pause in ``abort`` mode)."""
+        row.finish_reason = "abort"
+        row.text = str(self.tokenizer.decode(row.output_ids, skip_special_tokens=True))
 
     def _sample_into(self, batch: ActiveBatch, logits: torch.Tensor) -> None:
         params = [row.params for row in batch.rows]

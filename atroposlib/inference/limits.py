@@ -38,19 +38,24 @@ def check_request_size(
 
 
 class BodySizeLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is refused with 413."""
+    """ASGI middleware: a request body over ``max_bytes`` is refused with 413; ``per_path``
+    gives some paths their own (limit, flag naming it), e.g. weight chunks."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, per_path: dict[str, tuple[int, str]] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, flag = self.per_path.get(scope["path"], (self.max_bytes, "--max-body-bytes"))
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, limit, flag)
             return
         received = 0
 
@@ -58,18 +63,26 @@ class BodySizeLimit:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise HTTPException(TOO_LARGE, detail=self._detail())
+            if received > limit:
+                raise HTTPException(TOO_LARGE, detail=self._detail(limit, flag))
             return message
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = JSONResponse(status_code=TOO_LARGE, content={"detail": self._detail()})
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, flag: str
+    ) -> None:
+        response = JSONResponse(
+            status_code=TOO_LARGE, content={"detail": self._detail(limit, flag)}
+        )
         await response(scope, receive, send)
 
-    def _detail(self) -> str:
+    def _detail(self, limit: int, flag: str) -> str:
+        fix = (
+            "send smaller weight chunks (the trainer's sync_chunk_mb) or raise it"
+            if flag != "--max-body-bytes"
+            else "send fewer or shorter prompts per request"
+        )
         return (
-            f"body: the request body exceeds this server's limit of {self.max_bytes} bytes "
-            "(--max-body-bytes); send fewer or shorter prompts per request"
+            f"body: the request body exceeds this server's limit of {limit} bytes ({flag}); {fix}"
         )

@@ -6,27 +6,26 @@ Shared by the whole answers of :mod:`~atroposlib.inference.openai_api` and the c
 
 from __future__ import annotations
 
-from typing import Literal
-
 from atroposlib.inference.batch import Sequence
 from atroposlib.inference.state import ServerState
 from atroposlib.protocol import (
     ChoiceLogprobs,
     CompletionLogprobs,
+    OpenAIFinishReason,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
 
-FinishReason = Literal["stop", "length"]
 TopLogprobs = list[list[tuple[int, float]]]
 
 
-def finish_reason(reason: str | None) -> FinishReason | None:
-    """OpenAI's finish reason: ``length`` when cut by max_tokens, else ``stop``."""
+def finish_reason(reason: str | None) -> OpenAIFinishReason | None:
+    """OpenAI's finish reason: ``length`` when cut by max_tokens, ``abort`` when a pause in
+    abort mode ended it (vLLM's name), else ``stop``."""
     if reason is None:
         return None
-    return "length" if reason == "length" else "stop"
+    return reason if reason in ("length", "abort") else "stop"  # type: ignore[return-value]
 
 
 def usage(prompt_tokens: int, done: list[Sequence]) -> Usage:

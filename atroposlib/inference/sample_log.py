@@ -1,8 +1,9 @@
 """Test mode: a JSONL record of every sequence the server sampled (``--sample-log``).
 
 One line per finished sequence of a non-streamed request (``/generate``, and the OpenAI routes
-without ``stream``): ``prompt_ids``, ``output_ids``, ``logprobs``, ``finish_reason`` and
-``weight_version``. Tests compare what a client trains on with what
+without ``stream``): ``prompt_ids``, ``output_ids``, ``logprobs``, ``finish_reason``,
+``weight_version`` and ``weight_versions`` (``[version, start, end]`` spans over the output
+tokens). Tests compare what a client trains on with what
 was really sampled; it is not meant for production traffic (it grows without bound).
 """
 
@@ -35,6 +36,7 @@ class SampleLog:
                     "logprobs": seq.logprobs,
                     "finish_reason": seq.finish_reason,
                     "weight_version": seq.weight_version,
+                    "weight_versions": seq.version_spans(),
                 }
             )
             + b"\n"

@@ -44,6 +44,12 @@ class InferenceSettings(BaseSettings):
     max_body_bytes: int = Field(
         default=64 * 2**20, ge=1024, description="Largest request body accepted; more: HTTP 413."
     )
+    max_weight_chunk_bytes: int = Field(
+        default=4 * 2**30,
+        ge=1024,
+        description="Largest weight chunk POST /update_weights accepts (a trainer's in-flight "
+        "update; one tensor may exceed sync_chunk_mb); more: HTTP 413.",
+    )
     threads: int | None = Field(
         default=None,
         ge=1,

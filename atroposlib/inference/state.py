@@ -12,6 +12,7 @@ from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.sample_log import SampleLog
 from atroposlib.inference.scheduler import Scheduler
 from atroposlib.inference.settings import InferenceSettings
+from atroposlib.inference.weight_transfer import Staging
 
 
 @dataclass
@@ -23,6 +24,10 @@ class ServerState:
     base_path: str
     lora_names: list[str] = field(default_factory=list)
     swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    transport: str | None = None
+    """How weight chunks arrive (``http``/``shm``), once ``/init_weight_transfer_engine`` ran."""
+    staging: Staging | None = None
+    """The weight update in progress (``/start_weight_update`` .. ``/finish_weight_update``)."""
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)

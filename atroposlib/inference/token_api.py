@@ -29,6 +29,7 @@ from atroposlib.protocol import (
     GenerateMetaInfo,
     GenerateRequest,
     GenerateResponse,
+    WeightVersionSpan,
 )
 
 router = APIRouter()
@@ -95,13 +96,17 @@ async def _add_prompt_logprobs(
 def _answer(seq: Sequence, return_logprob: bool) -> GenerateResponse:
     if seq.finish_reason == "length":
         reason = GenerateFinishReason(type="length", length=len(seq.output_ids))
+    elif seq.finish_reason == "abort":
+        reason = GenerateFinishReason(type="abort", message="aborted by a weight update pause")
     else:
         reason = GenerateFinishReason(type="stop", matched=seq.matched_stop)
+    spans = [WeightVersionSpan(version=str(v), start=s, end=e) for v, s, e in seq.version_spans()]
     meta = GenerateMetaInfo(
         finish_reason=reason,
         prompt_tokens=len(seq.prompt_ids),
         completion_tokens=len(seq.output_ids),
         weight_version=seq.weight_version,
+        weight_versions=spans,
     )
     if return_logprob:
         meta.output_token_logprobs = [

@@ -13,7 +13,7 @@ from broker_testlib import env_body, make_group, markers, trainer_body
 from atroposlib.api.broker import Broker
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, MemoryStore, SqliteStore
-from atroposlib.errors import ConfigError, QueueFullError
+from atroposlib.errors import ConfigError, InvalidGroupError, QueueFullError
 from atroposlib.protocol import EnvRegistration, TrainerRegistration
 
 
@@ -101,6 +101,31 @@ def test_stale_groups_are_dropped_and_counted(store: GroupStore) -> None:
     assert batch_markers(broker) == (4, [2])
     assert broker.counters["dropped_stale"] == 1
     assert batch_markers(broker) == (5, [3])
+
+
+def test_staleness_is_judged_on_the_oldest_sampled_token(store: GroupStore) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=1, max_staleness=1, starting_step=3))
+    # marker 1: its last token came from version 3, its first ones from version 1
+    broker.ingest(
+        [
+            make_group(1, marker=1, policy_version=3, token_policy_versions=[[-1, 1, 1, 3]]),
+            make_group(1, marker=5, policy_versions=[1]),
+            make_group(1, marker=7, token_policy_versions=[[-1, 2, 2, 3]]),
+        ]
+    )
+    assert batch_markers(broker) == (4, [7])
+    assert broker.counters["dropped_stale"] == 2
+
+
+def test_stale_policy_reject_refuses_a_group_already_too_old(store: GroupStore) -> None:
+    broker = make_broker(store, stale_policy="reject")
+    broker.register_trainer(trainer(batch_size=1, max_staleness=1, starting_step=3))
+    with pytest.raises(InvalidGroupError) as refused:
+        broker.ingest([make_group(1, marker=1, token_policy_versions=[[-1, 1, 2, 3]])])
+    assert refused.value.field == "policy_versions"
+    assert "max_staleness 1" in refused.value.message
+    assert broker.ingest([make_group(1, marker=2, policy_versions=[2])]).accepted == 1
 
 
 def test_everything_survives_a_restart(tmp_path: Path) -> None:

@@ -231,6 +231,18 @@ async def test_stale_groups_dropped_and_counted_in_metrics(client: httpx.AsyncCl
     assert "broker_groups_out_total 1.0" in text
 
 
+async def test_stale_policy_reject_answers_422_naming_the_field() -> None:
+    async with in_process(BrokerSettings(store="memory", stale_policy="reject")) as client:
+        await start_trainer(client, batch_size=1, max_staleness=2, starting_step=5)
+        old = make_group(1, marker=1, token_policy_versions=[[-1, 2, 4, 4]])
+        answer = await client.post("/scored_data", json=old)
+        assert answer.status_code == 422
+        assert "policy_versions" in answer.text and "max_staleness 2" in answer.text
+        fresh = make_group(1, marker=2, token_policy_versions=[[-1, 3, 4, 4]])
+        assert (await client.post("/scored_data", json=fresh)).status_code == 200
+        assert markers((await client.get("/batch")).json()["batch"]) == [2]
+
+
 async def test_reregistered_trainer_gets_the_same_batches_again(client: httpx.AsyncClient) -> None:
     await start_trainer(client, batch_size=2, acknowledges=True)
     for marker in range(10, 18, 2):

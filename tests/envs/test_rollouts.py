@@ -37,7 +37,7 @@ class FakeEngine:
 
     returns_token_ids = True
 
-    def __init__(self, outputs: list[tuple[list[int], str]], version: int | None = 4) -> None:
+    def __init__(self, outputs: list[tuple[Any, ...]], version: int | None = 4) -> None:
         self.outputs = list(outputs)
         self.version = version
         self.prompts: list[list[int]] = []
@@ -50,9 +50,9 @@ class FakeEngine:
         self.sampling.append(dict(sampling))
         out = []
         for _ in range(n):
-            ids, reason = self.outputs.pop(0)
+            ids, reason, *version = self.outputs.pop(0)  # (ids, reason[, version])
             logprobs = [-0.1 * (j + 1) for j in range(len(ids))]
-            out.append(GeneratedSequence(ids, logprobs, reason, None, self.version))
+            out.append(GeneratedSequence(ids, logprobs, reason, None, *version or [self.version]))
         return out
 
 
@@ -226,24 +226,94 @@ def test_engines_that_continue_from_other_ids_are_errors() -> None:
 
 
 async def test_an_aborted_reply_is_resubmitted_token_in_and_continued(tokenizer: Any) -> None:
-    """An engine aborts mid-reply (e.g. for a weight update): the partial ids are kept and the
-    next request continues the same turn from them; each id keeps the version that sampled it."""
-    head, tail = ids(tokenizer, "The answer"), [*ids(tokenizer, " is 4"), EOS]
-    engine = FakeEngine([(head, "abort")], version=3)
-    sampler = TokenSampler(engine, tokenizer, max_tokens=8)
-    [partial] = await sampler.sample(sampler.start(PROMPT))
-    assert partial.finish_reason == "abort" and partial.reply == "The answer"
-    engine.outputs, engine.version = [(tail, "stop")], 4
-    [done] = await sampler.sample(partial)
-    assert engine.prompts[1] == partial.tokens, "resubmitted token-in with the partial reply"
-    assert done.sampled_ids == head + tail and done.turns == 1
+    """An engine aborts mid-reply (a weight update in abort mode): the sampler resubmits the
+    prompt and the partial ids with the budget left until the reply ends; the trained ids are
+    the pieces' concatenation and each id keeps the version that sampled it."""
+    head, middle, tail = (
+        ids(tokenizer, "The"),
+        ids(tokenizer, " answer"),
+        [*ids(tokenizer, " is 4"), EOS],
+    )
+    engine = FakeEngine([(head, "abort", 3), (middle, "abort", 4), (tail, "stop", 4)])
+    sampler = TokenSampler(engine, tokenizer, max_tokens=12)
+    start = sampler.start(PROMPT)
+    [done] = await sampler.sample(start)
+    prompt = start.tokens
+    assert engine.prompts == [prompt, prompt + head, prompt + head + middle]
+    assert [p["max_tokens"] for p in engine.sampling] == [
+        12,
+        12 - len(head),
+        12 - len(head + middle),
+    ]
+    assert done.sampled_ids == head + middle + tail and done.turns == 1
+    assert done.finish_reason == "stop"
     assert done.reply == "The answer is 4" and done.messages[-1]["content"] == "The answer is 4"
     group = sampler.group([done], [1.0])
     assert group.token_policy_versions is not None
-    assert group.token_policy_versions[0][-len(tail) - len(head) :] == [3] * len(head) + [4] * len(
-        tail
+    sampled = len(head + middle + tail)
+    assert group.token_policy_versions[0][-sampled:] == [3] * len(head) + [4] * (
+        sampled - len(head)
     )
     assert group.policy_versions == [3], "staleness counts from the oldest token"
+
+
+async def test_an_aborted_reply_with_no_budget_left_ends_as_length(tokenizer: Any) -> None:
+    engine = FakeEngine([([5, 6, 7], "abort")])
+    sampler = TokenSampler(engine, tokenizer, max_tokens=3)
+    [done] = await sampler.sample(sampler.start(PROMPT))
+    assert done.finish_reason == "length" and len(engine.prompts) == 1
+
+
+async def test_resubmissions_fit_the_budget_and_the_room_max_token_length_leaves(
+    tokenizer: Any,
+) -> None:
+    engine = FakeEngine([([5, 6], "abort"), ([7, 8, 9], "abort"), ([10], "length")])
+    probe = TokenSampler(engine, tokenizer, max_tokens=20).start(PROMPT)
+    room = 8  # tokens past the prompt that max_token_length leaves
+    sampler = TokenSampler(
+        engine, tokenizer, max_tokens=20, max_token_length=len(probe.tokens) + room
+    )
+    [done] = await sampler.sample(sampler.start(PROMPT))
+    assert [p["max_tokens"] for p in engine.sampling] == [room, room - 2, room - 5]
+    assert done.sampled_ids == [5, 6, 7, 8, 9, 10] and done.finish_reason == "length"
+
+
+async def test_a_server_that_always_aborts_is_an_error(tokenizer: Any) -> None:
+    engine = FakeEngine([([5], "abort")] + [([], "abort")] * rollouts.MAX_RESUBMISSIONS)
+    sampler = TokenSampler(engine, tokenizer, max_tokens=3)
+    with pytest.raises(InferenceError, match="aborted 100 times"):
+        await sampler.sample(sampler.start(PROMPT))
+
+
+async def test_engine_version_spans_become_per_token_versions(tokenizer: Any) -> None:
+    """vLLM/embedded spans (a reply that crossed an in-flight update) are kept per token."""
+    entry = {
+        "text": "x", "output_ids": [5, 6, 7],
+        "meta_info": {
+            "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None]],
+            "finish_reason": {"type": "stop"}, "prompt_tokens": 2, "weight_version": 1,
+            "weight_versions": [{"version": "1", "start": 0, "end": 1},
+                                {"version": "2", "start": 1, "end": 3}],
+        },
+    }  # fmt: skip
+    seq = parse_sglang_output(entry, 2)
+    assert seq.token_versions == [1, 2, 2] and seq.weight_version == 1
+    choice = {"token_ids": [5, 6], "finish_reason": "length",
+              "logprobs": {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-0.1, -0.2]},
+              "weight_versions": [{"version": "8", "start": 0, "end": 2}]}  # fmt: skip
+    assert parse_vllm_choice(choice).token_versions == [8, 8]
+    gap = [{"version": "1", "start": 0, "end": 1}, {"version": "2", "start": 2, "end": 3}]
+    bad = {**entry, "meta_info": {**entry["meta_info"], "weight_versions": gap}}
+    with pytest.raises(InferenceError, match="malformed"):
+        parse_sglang_output(bad, 2)
+
+    class SpanEngine(FakeEngine):
+        async def generate(self, input_ids: list[int], n: int, sampling: dict[str, Any]) -> Any:
+            return [seq]
+
+    sampler = TokenSampler(SpanEngine([]), tokenizer, max_tokens=3)
+    [reply] = await sampler.sample(sampler.start(PROMPT))
+    assert reply.versions[-3:] == [1, 2, 2] and reply.oldest_version == 1
 
 
 async def test_a_per_call_temperature_is_refused(tokenizer: Any) -> None:

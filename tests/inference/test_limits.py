@@ -23,9 +23,11 @@ def settings(tmp_path: Path) -> InferenceSettings:
 @pytest.fixture
 async def echo(settings: InferenceSettings) -> AsyncIterator[httpx.AsyncClient]:
     app = FastAPI()
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    chunks = {"/update_weights": (4096, "--max-weight-chunk-bytes")}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
 
     @app.post("/echo")
+    @app.post("/update_weights")
     async def echo_length(request: Request) -> dict[str, int]:
         return {"length": len(await request.body())}
 
@@ -48,6 +50,14 @@ async def test_bodies_over_the_limit_get_413_with_or_without_content_length(
 
     streamed = await echo.post("/echo", content=chunks())
     assert streamed.status_code == 413 and streamed.json()["detail"].startswith("body:")
+
+
+async def test_weight_chunks_have_their_own_limit(echo: httpx.AsyncClient) -> None:
+    fits = await echo.post("/update_weights", content=b"x" * 4096)
+    assert fits.status_code == 200 and fits.json() == {"length": 4096}
+    over = await echo.post("/update_weights", content=b"x" * 4097)
+    assert over.status_code == 413 and "--max-weight-chunk-bytes" in over.json()["detail"]
+    assert "sync_chunk_mb" in over.json()["detail"]
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,14 @@ class ScriptedRunner:
             if len(row.output_ids) >= row.params.max_new_tokens:
                 row.finish_reason = "length"
 
+    def abort(self, row: Sequence) -> None:
+        row.finish_reason = "abort"
+
+    def install(self, tensors: dict[str, Any]) -> None:
+        if "bad" in tensors:
+            raise KeyError("the served model has no parameter 'bad'")
+        self.model = tensors.get("model", self.model)
+
     def prefill(self, rows: list[Sequence]) -> ScriptedBatch:
         self._emit(rows)
         return ScriptedBatch(list(rows))
@@ -206,3 +214,121 @@ async def test_shutdown_fails_what_is_left(scheduler: tuple[Scheduler, ScriptedR
     await asyncio.to_thread(sched.stop)
     with pytest.raises(RuntimeError, match="shutting down"):
         await asyncio.wait_for(job.result(), 5)
+
+
+# -- pause modes and weights installed in flight ---------------------------------------
+
+
+async def test_keep_freezes_rows_and_they_continue_on_the_new_weights(
+    scheduler: tuple[Scheduler, ScriptedRunner],
+) -> None:
+    sched, runner = scheduler
+    runner.hold()
+    job = sched.submit(rows(2, 8))
+    step = await held_step(runner)
+    pause = asyncio.create_task(sched.pause("keep"))
+    await asyncio.sleep(0.05)  # the command waits in the inbox for the step to end
+    runner.release()
+    await asyncio.wait_for(pause, 5)
+    frozen_at = runner.decode_steps
+    queued = sched.submit(rows(1, 2))  # arrives while paused: waits, is not refused
+    await asyncio.sleep(0.1)
+    assert runner.decode_steps == frozen_at and not job.settled and not queued.settled
+    assert sched.stats.paused == "keep"
+    assert await asyncio.wait_for(sched.install_weights({"model": "v7"}, 7), 5) == 7
+    await asyncio.wait_for(sched.resume(), 5)
+    done = await asyncio.wait_for(job.result(), 5)
+    # the prefill and `step + 1` decode steps ran before the pause (the held step included)
+    before = step + 2
+    for seq in done:
+        assert seq.output_ids == list(range(8))  # nothing lost or repeated across the pause
+        assert seq.version_spans() == [(0, 0, before), (7, before, 8)]
+    assert (await asyncio.wait_for(queued.result(), 5))[0].version_spans() == [(7, 0, 2)]
+    assert runner.model == "v7"
+
+
+async def test_wait_answers_once_started_rows_drain_and_admits_nothing_new(
+    scheduler: tuple[Scheduler, ScriptedRunner],
+) -> None:
+    sched, runner = scheduler
+    runner.hold()
+    started = sched.submit(rows(4, 6))
+    await held_step(runner)
+    unstarted = sched.submit(rows(2, 3))
+    pause = asyncio.create_task(sched.pause("wait"))
+    await asyncio.sleep(0.05)
+    assert not pause.done()
+    runner.release()
+    await asyncio.wait_for(pause, 5)
+    assert [len(s.output_ids) for s in await asyncio.wait_for(started.result(), 1)] == [6] * 4
+    await asyncio.sleep(0.05)
+    assert not unstarted.settled  # paused: the queued request did not start
+    await sched.install_weights({}, 3)
+    await sched.resume()
+    assert [s.version_spans() for s in await asyncio.wait_for(unstarted.result(), 5)] == [
+        [(3, 0, 3)]
+    ] * 2
+
+
+async def test_abort_answers_every_request_with_what_it_has(
+    scheduler: tuple[Scheduler, ScriptedRunner],
+) -> None:
+    sched, runner = scheduler
+    runner.hold()
+    running = sched.submit(rows(4, 50))
+    step = await held_step(runner)
+    queued = sched.submit(rows(2, 50))
+    streamed = sched.submit(rows(1, 50), stream=True)
+    pause = asyncio.create_task(sched.pause("abort"))
+    await asyncio.sleep(0.05)
+    runner.release()
+    await asyncio.wait_for(pause, 5)
+    cut = await asyncio.wait_for(running.result(), 5)
+    assert {s.finish_reason for s in cut} == {"abort"}
+    assert [s.output_ids for s in cut] == [list(range(step + 2))] * 4
+    assert [s.output_ids for s in await queued.result()] == [[], []]
+    reasons = [u.finish_reason async for batch in streamed.updates() for u in batch]
+    assert reasons == ["abort"]
+    assert sched.stats.aborted_sequences == 7
+    late = sched.submit(rows(1, 2))
+    await asyncio.sleep(0.05)
+    assert not late.settled
+    await sched.resume()
+    assert (await asyncio.wait_for(late.result(), 5))[0].output_ids == [0, 1]
+
+
+async def test_install_between_steps_without_a_pause_and_a_refused_install(
+    scheduler: tuple[Scheduler, ScriptedRunner],
+) -> None:
+    sched, runner = scheduler
+    runner.hold()
+    job = sched.submit(rows(1, 40))
+    step = await held_step(runner)
+    refused = asyncio.create_task(sched.install_weights({"bad": "x"}, 9))
+    installed = asyncio.create_task(sched.install_weights({"model": "v1"}, None))
+    await asyncio.sleep(0.05)
+    runner.release()
+    with pytest.raises(KeyError, match="bad"):
+        await asyncio.wait_for(refused, 5)
+    assert await asyncio.wait_for(installed, 5) == 1
+    switch = step + 2  # tokens of the prefill and of the held step came from version 0
+    spans = (await asyncio.wait_for(job.result(), 10))[0].version_spans()
+    assert spans == [(0, 0, switch), (1, switch, 40)]
+
+
+async def test_recompute_running_preempts_every_row(
+    scheduler: tuple[Scheduler, ScriptedRunner],
+) -> None:
+    sched, runner = scheduler
+    runner.hold()
+    job = sched.submit(rows(3, 10))
+    await held_step(runner)
+    pause = asyncio.create_task(sched.pause("keep"))
+    await asyncio.sleep(0.05)
+    runner.release()
+    await asyncio.wait_for(pause, 5)
+    await asyncio.wait_for(sched.recompute_running(), 5)
+    await sched.resume()
+    done = await asyncio.wait_for(job.result(), 5)
+    assert all(seq.output_ids == list(range(10)) for seq in done)
+    assert sched.stats.preemptions == 3

@@ -115,6 +115,8 @@ def test_refusals_are_final_and_outages_are_retried(tmp_path: Path) -> None:
     answers = iter([httpx.Response(503), httpx.Response(200, json={"success": True})])
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_weight_version":  # the read-back after a push
+            return httpx.Response(200, json={"weight_version": "4"})
         calls.append(request)
         if "bad" in request.url.host:
             return httpx.Response(400, json={"detail": "model_path: not a model folder"})
@@ -125,7 +127,19 @@ def test_refusals_are_final_and_outages_are_retried(tmp_path: Path) -> None:
     report = sync.push(tmp_path, step=4)
     assert report.updated == ["http://good"] and "HTTP 400" in report.failed["http://bad"]
     assert [c.url.host for c in calls] == ["good", "good", "bad"]  # 503 retried, 400 not
-    assert calls[0].read() == f'{{"model_path":"{tmp_path.resolve()}"}}'.encode()
+    body = f'{{"model_path":"{tmp_path.resolve()}","weight_version":"4"}}'
+    assert calls[0].read() == body.encode()
+
+
+def test_disk_reload_reports_a_server_that_kept_its_old_version(tmp_path: Path) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_weight_version":
+            return httpx.Response(200, json={"weight_version": "3"})
+        return httpx.Response(200, json={"success": True})
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    report = DiskReload(["http://stale"], retries=0, http_client=http).push(tmp_path, step=4)
+    assert report.failed == {"http://stale": "reports weight_version '3' after the update to '4'"}
 
 
 def test_api_key_is_sent_as_bearer_token() -> None:

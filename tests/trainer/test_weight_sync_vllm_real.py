@@ -109,3 +109,29 @@ def test_lora_adapter_is_hot_loaded_into_vllm(test_model_path: Path, tmp_path: P
     finally:
         server.close()
     assert adapted != before, (before, adapted)
+
+
+def test_vllm_native_disk_backend_updates_in_place(test_model_path: Path, tmp_path: Path) -> None:
+    """``weight_sync: vllm`` with ``sync_transport: disk``, the native path a CPU build has
+    (``nccl`` and ``ipc`` need CUDA): keep-mode pause, ``/collective_rpc reload_weights``,
+    ``/update_weight_version``, resume, version read back, on the server it did not restart."""
+    from example_trainer.inflight import Fleet, make_live_sync
+    from example_trainer.inflight.tensors import PushedWeights
+
+    url = f"http://127.0.0.1:{_port()}"
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    server = VllmRestart([url], _command(), retries=1, ready_timeout=1200, env=env)
+    try:
+        server.start(str(test_model_path))
+        pid = server.procs[url].pid
+        before = _greedy(url)
+        folder = _perturbed_copy(test_model_path, tmp_path / "step-1")
+        sync = make_live_sync("vllm", Fleet([url]), transport="disk", retries=0)
+        report = sync.push_live(PushedWeights(lambda: iter(()), lambda: folder), step=1)
+        sync.close()
+        assert report.ok, report.failed
+        after = _greedy(url)
+        assert server.procs[url].pid == pid  # updated in place, not restarted
+    finally:
+        server.close()
+    assert after != before, (before, after)

@@ -97,7 +97,9 @@ def tokenizer_name_of(config: ServerBaseline) -> str:
 class GeneratedSequence:
     """One sampled continuation with its token ids and per-token logprobs.
 
-    ``weight_version``: the engine's weight version that sampled it, when the engine says.
+    ``weight_version``: the engine's weight version that sampled it (its first token), when the
+    engine says; ``token_versions``: the version of each output token, when the engine reports
+    spans (vLLM's ``weight_versions``; a reply that spans an in-flight weight update).
     """
 
     output_ids: list[int]
@@ -105,6 +107,47 @@ class GeneratedSequence:
     finish_reason: str
     text: str | None = None
     weight_version: int | None = None
+    token_versions: list[int] | None = None
+
+
+def token_versions(spans: Any, length: int) -> list[int] | None:
+    """Each output token's weight version from vLLM-style spans (``[{version, start, end}]``).
+
+    >>> token_versions([{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2,
+    ...     "end": 3}], 3)
+    [3, 3, 4]
+    >>> token_versions(None, 5) is None
+    True
+    """
+    if spans is None:
+        return None
+    out: list[int] = []
+    try:
+        for span in spans:
+            version, start, end = weight_version(span["version"]), span["start"], span["end"]
+            if version is None or start != len(out) or end < start:
+                raise ValueError(span)
+            out += [version] * (end - start)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InferenceError(f"weight_versions spans are malformed: {str(spans)[:200]}") from exc
+    if len(out) != length:
+        raise InferenceError(f"weight_versions cover {len(out)} tokens, the output has {length}")
+    return out
+
+
+def weight_version(value: Any) -> int | None:
+    """An engine's weight version as an int (SGLang sends a string; ``"default"``: unknown).
+
+    >>> weight_version(3), weight_version("12"), weight_version("default"), weight_version(None)
+    (3, 12, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 class APIServer(ABC):

@@ -12,6 +12,8 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     GeneratedSequence,
     ReasoningConfig,
+    token_versions,
+    weight_version,
 )
 from atroposlib.errors import InferenceError
 
@@ -28,7 +30,9 @@ __all__ = [
     "sglang_sampling_params",
 ]
 _SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens"}
-_PASSED_KEYS = ("temperature", "top_p", "top_k", "stop", "min_p", "seed", "stop_token_ids")
+_PASSED_KEYS = (
+    "temperature", "top_p", "top_k", "stop", "min_p", "seed", "stop_token_ids", "ignore_eos",
+)  # fmt: skip
 
 
 def sglang_sampling_params(sampling: dict[str, Any], n: int) -> dict[str, Any]:
@@ -72,23 +76,11 @@ def parse_sglang_output(entry: Any, prompt_length: int | None = None) -> Generat
         raise InferenceError(
             f"/generate returned {len(output_ids)} tokens but {len(logprobs)} logprobs"
         )
+    per_token = token_versions(meta.get("weight_versions"), len(output_ids))
     version = weight_version(meta.get("weight_version"))
-    return GeneratedSequence(output_ids, logprobs, reason, entry.get("text"), version)
-
-
-def weight_version(value: Any) -> int | None:
-    """An engine's weight version as an int (SGLang sends a string; ``"default"``: unknown).
-
-    >>> weight_version(3), weight_version("12"), weight_version("default"), weight_version(None)
-    (3, 12, None, None)
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+    if per_token:
+        version = per_token[0]
+    return GeneratedSequence(output_ids, logprobs, reason, entry.get("text"), version, per_token)
 
 
 def _position(entry: Any) -> tuple[int, float] | None:

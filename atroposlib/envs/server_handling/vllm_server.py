@@ -11,6 +11,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     GeneratedSequence,
     ReasoningConfig,
+    token_versions,
 )
 from atroposlib.errors import InferenceError
 
@@ -51,7 +52,11 @@ def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> Gener
         raise InferenceError(f"vLLM completion choice is malformed: {str(choice)[:200]}") from exc
     if len(ids) != len(values):
         raise InferenceError(f"vLLM returned {len(ids)} tokens but {len(values)} logprobs")
-    return GeneratedSequence([int(i) for i in ids], values, str(reason), choice.get("text"))
+    versions = token_versions(choice.get("weight_versions"), len(ids))
+    first = versions[0] if versions else None
+    return GeneratedSequence(
+        [int(i) for i in ids], values, str(reason), choice.get("text"), first, versions
+    )
 
 
 def parse_prompt_logprobs(entries: Any, input_ids: list[int]) -> list[list[tuple[int, float]]]:

@@ -1,0 +1,218 @@
+"""The weight-update control API: vLLM's RL routes (and SGLang's version read-back name).
+
+``POST /pause?mode=abort|wait|keep``, ``POST /resume``, ``GET /is_paused``,
+``POST /init_weight_transfer_engine``, ``POST /start_weight_update``, ``POST /update_weights``
+(one chunk; see :mod:`atroposlib.inference.weight_transfer`), ``POST /finish_weight_update``,
+``POST /update_weight_version``, ``GET /weight_info`` (also ``GET /get_weight_version``),
+``POST /weight_checker`` and ``POST /reset_prefix_cache``. A trainer drives them in vLLM's
+order; here the chunks are staged beside the served weights, so they may also arrive before
+the pause, which then only has to cover the install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import ValidationError
+
+from atroposlib.inference.requests import bad_request
+from atroposlib.inference.state import ServerState, server_state
+from atroposlib.inference.weight_transfer import (
+    Staging,
+    TransferError,
+    checksums,
+    dtype_name,
+    expected_parameters,
+    read_safetensors,
+    read_shared_memory,
+)
+from atroposlib.protocol import (
+    FinishWeightUpdateRequest,
+    GenerationStateResponse,
+    IsPausedResponse,
+    PauseMode,
+    ResetPrefixCacheResponse,
+    UpdateWeightVersionRequest,
+    WeightCheckerRequest,
+    WeightCheckerResponse,
+    WeightInfoResponse,
+    WeightTransferInitRequest,
+    WeightTransferInitResponse,
+    WeightTransferResponse,
+    WeightUpdateRequest,
+)
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.post("/pause", response_model=GenerationStateResponse)
+async def pause(
+    request: Request,
+    mode: Annotated[PauseMode, Query(description="abort, wait or keep (vLLM's modes).")] = "abort",
+    clear_cache: Annotated[bool, Query(description="Accepted for vLLM; no cache to clear.")] = True,
+) -> GenerationStateResponse:
+    await server_state(request).scheduler.pause(mode)
+    return GenerationStateResponse(status="paused")
+
+
+@router.post("/resume", response_model=GenerationStateResponse)
+async def resume(request: Request) -> GenerationStateResponse:
+    await server_state(request).scheduler.resume()
+    return GenerationStateResponse(status="resumed")
+
+
+@router.get("/is_paused", response_model=IsPausedResponse)
+async def is_paused(request: Request) -> IsPausedResponse:
+    return IsPausedResponse(is_paused=server_state(request).scheduler.paused is not None)
+
+
+@router.post("/init_weight_transfer_engine", response_model=WeightTransferInitResponse)
+async def init_weight_transfer_engine(
+    body: WeightTransferInitRequest, request: Request
+) -> WeightTransferInitResponse:
+    state = server_state(request)
+    state.transport = body.init_info.transport
+    if state.staging is not None:  # a trainer that failed mid-update and connects again
+        logger.warning(
+            "dropping an unfinished weight update (%d tensors)", len(state.staging.tensors)
+        )
+        state.staging = None
+    served = dict(state.runner.model.named_parameters())
+    return WeightTransferInitResponse(
+        message=f"Weight transfer initialized ({state.transport})",
+        parameters={name: list(p.shape) for name, p in served.items()},
+        dtype=dtype_name(state.runner.dtype),
+    )
+
+
+@router.post("/start_weight_update", response_model=WeightTransferResponse)
+async def start_weight_update(request: Request) -> WeightTransferResponse:
+    state = server_state(request)
+    if state.transport is None:
+        raise bad_request("transport", "call /init_weight_transfer_engine first", 409)
+    if state.staging is not None:
+        raise bad_request(
+            "start_weight_update",
+            "called while a weight update is already active; call /finish_weight_update first",
+            409,
+        )
+    state.staging = Staging(expected_parameters(state.runner.parameters()))
+    return WeightTransferResponse(message="Weight update started")
+
+
+@router.post("/update_weights", response_model=WeightTransferResponse)
+async def update_weights(request: Request) -> WeightTransferResponse:
+    """One chunk: a safetensors body (``http``) or JSON naming a shared-memory block."""
+    state = server_state(request)
+    staging = _active(state)
+    body = await request.body()
+    media = request.headers.get("content-type", "").split(";")[0].strip()
+    try:
+        if media == "application/json":
+            if state.transport != "shm":
+                raise TransferError("content-type", "the http transport sends safetensors bodies")
+            try:
+                info = WeightUpdateRequest.model_validate_json(body).update_info
+            except ValidationError as error:
+                where = ".".join(str(p) for p in error.errors()[0]["loc"])
+                raise TransferError(where or "body", error.errors()[0]["msg"]) from error
+            chunk = await asyncio.to_thread(
+                read_shared_memory, info.shm_name, info.names, info.dtype_names, info.shapes
+            )
+        elif media == "application/octet-stream":
+            if state.transport != "http":
+                raise TransferError("content-type", "the shm transport sends JSON update_info")
+            chunk = await asyncio.to_thread(read_safetensors, body)
+        else:
+            raise TransferError("content-type", "send application/octet-stream or application/json")
+        staged = await asyncio.to_thread(staging.add, chunk)
+    except TransferError as error:
+        raise bad_request(error.field, str(error).split(": ", 1)[1]) from error
+    return WeightTransferResponse(message="Weights staged", tensors=staged)
+
+
+@router.post("/finish_weight_update", response_model=WeightTransferResponse)
+async def finish_weight_update(
+    request: Request, body: FinishWeightUpdateRequest | None = None
+) -> WeightTransferResponse:
+    """Install the staged tensors between two decode steps, then report the new version."""
+    state = server_state(request)
+    staging = _active(state)
+    version = _version(body.weight_version if body is not None else None)
+    state.staging = None
+    try:
+        installed = await state.scheduler.install_weights(staging.tensors, version)
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise bad_request("update_weights", str(error)) from error
+    count = len(staging.tensors)
+    logger.info(
+        "installed %d tensors from %d chunks as version %d", count, staging.chunks, installed
+    )
+    return WeightTransferResponse(
+        message=f"Weight update finished: {count} tensors",
+        weight_version=str(installed),
+        tensors=count,
+    )
+
+
+@router.post("/update_weight_version", response_model=WeightTransferResponse)
+async def update_weight_version(
+    body: UpdateWeightVersionRequest, request: Request
+) -> WeightTransferResponse:
+    """vLLM's route: label the served weights without changing them."""
+    version = _version(body.new_version, "new_version")
+    installed = await server_state(request).scheduler.install_weights({}, version)
+    return WeightTransferResponse(message="Weight version updated", weight_version=str(installed))
+
+
+@router.get("/weight_info", response_model=WeightInfoResponse)
+@router.get("/get_weight_version", response_model=WeightInfoResponse)
+async def weight_info(request: Request) -> WeightInfoResponse:
+    return WeightInfoResponse(weight_version=str(server_state(request).scheduler.weight_version))
+
+
+@router.post(
+    "/weight_checker", response_model=WeightCheckerResponse, response_model_exclude_none=True
+)
+async def weight_checker(body: WeightCheckerRequest, request: Request) -> WeightCheckerResponse:
+    state = server_state(request)
+    served = dict(state.runner.model.named_parameters())
+    digests = await asyncio.to_thread(checksums, served)
+    if body.action == "checksum":
+        return WeightCheckerResponse(checksums=digests)
+    if body.baseline is None:
+        raise bad_request("baseline", "action 'compare' needs a baseline of checksums", 422)
+    names = digests.keys() | body.baseline.keys()
+    mismatches = sorted(n for n in names if digests.get(n) != body.baseline.get(n))
+    return WeightCheckerResponse(match=not mismatches, mismatches=mismatches)
+
+
+@router.post("/reset_prefix_cache", response_model=ResetPrefixCacheResponse)
+async def reset_prefix_cache(
+    request: Request,
+    reset_running_requests: Annotated[
+        bool, Query(description="Also make running requests recompute their KV cache.")
+    ] = False,
+) -> ResetPrefixCacheResponse:
+    """There is no prefix cache to reset; running rows can be made to recompute theirs."""
+    if reset_running_requests:
+        await server_state(request).scheduler.recompute_running()
+    return ResetPrefixCacheResponse(success=True)
+
+
+def _active(state: ServerState) -> Staging:
+    if state.staging is None:
+        raise bad_request("start_weight_update", "no weight update is active; start one first", 409)
+    return state.staging
+
+
+def _version(value: str | None, field: str = "weight_version") -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 12:
+        raise bad_request(field, "the embedded server's versions are trainer steps (digits)", 422)
+    return int(value)

@@ -1,0 +1,162 @@
+"""Weights that arrive while the server generates: decoded, checked and staged until installed.
+
+The control API follows vLLM's four phases (``/init_weight_transfer_engine``,
+``/start_weight_update``, any number of ``/update_weights`` chunks, ``/finish_weight_update``).
+A chunk travels one of two ways, both on CPU:
+
+- ``http``: the request body is a safetensors file holding the chunk's tensors;
+- ``shm``: the trainer writes the tensors back to back into a POSIX shared-memory block and
+  the JSON body names the block with each tensor's name, dtype, shape and byte size (vLLM's
+  ``update_info`` fields for its packed IPC transfer).
+
+Chunks are copied into a staging area in the served dtype, beside the served weights, so the
+server keeps generating while they arrive; ``finish`` hands the staged tensors to the worker,
+which swaps them in between two decode steps (:meth:`ModelRunner.install`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from multiprocessing import resource_tracker, shared_memory
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from torch import Tensor
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+_SHM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+class TransferError(ValueError):
+    """A chunk that cannot be staged; the message names the field or parameter and the fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (vLLM's ``dtype_names`` spelling)."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class Staging:
+    """One weight update session: the chunks received so far, in the served dtypes."""
+
+    expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    chunks: int = 0
+
+    def add(self, chunk: Mapping[str, Tensor]) -> int:
+        """Check every tensor of ``chunk`` against the served parameter, then stage them all."""
+        if not chunk:
+            raise TransferError(
+                "update_info.names", "the chunk holds no tensors; send at least one"
+            )
+        for name, tensor in chunk.items():
+            want = self.expected.get(name)
+            if want is None:
+                raise TransferError(name, "the served model has no parameter of this name")
+            if tuple(tensor.shape) != want[0]:
+                raise TransferError(
+                    name, f"shape {list(tensor.shape)} does not match the served {list(want[0])}"
+                )
+            if not tensor.is_floating_point():
+                raise TransferError(name, f"dtype {tensor.dtype} is not a floating point type")
+        for name, tensor in chunk.items():
+            self.tensors[name] = tensor.to(self.expected[name][1], copy=True).contiguous()
+        self.chunks += 1
+        return len(chunk)
+
+
+def expected_parameters(
+    params: Mapping[str, torch.nn.Parameter],
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    return {name: (tuple(p.shape), p.dtype) for name, p in params.items()}
+
+
+def read_safetensors(body: bytes) -> dict[str, Tensor]:
+    """The tensors of a safetensors file sent as the request body."""
+    try:
+        return dict(load_safetensors(body))
+    except (SafetensorError, ValueError) as error:
+        raise TransferError(
+            "body", f"not a safetensors file ({error}); send safetensors.torch.save(tensors)"
+        ) from error
+
+
+def read_shared_memory(
+    shm_name: str, names: list[str], dtype_names: list[str], shapes: list[list[int]]
+) -> dict[str, Tensor]:
+    """Copy the tensors packed back to back (in order, no padding) out of a shared block."""
+    if not _SHM_NAME.match(shm_name):
+        raise TransferError("update_info.shm_name", "must be a plain shared-memory block name")
+    if not len(names) == len(dtype_names) == len(shapes):
+        raise TransferError(
+            "update_info", "names, dtype_names and shapes must have one entry per tensor"
+        )
+    dtypes: list[torch.dtype] = []
+    for name, spelled in zip(names, dtype_names, strict=True):
+        if spelled not in DTYPES:
+            raise TransferError(f"update_info.dtype_names[{name}]", f"use one of {sorted(DTYPES)}")
+        dtypes.append(DTYPES[spelled])
+    sizes = [_numel(shape) * _itemsize(dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    try:
+        block = _attach(shm_name)
+    except FileNotFoundError as error:
+        raise TransferError(
+            "update_info.shm_name", f"no shared-memory block {shm_name!r}"
+        ) from error
+    try:
+        if sum(sizes) > block.size:
+            raise TransferError(
+                "update_info", f"the tensors need {sum(sizes)} bytes, the block has {block.size}"
+            )
+        out, offset = {}, 0
+        for name, dtype, shape, size in zip(names, dtypes, shapes, sizes, strict=True):
+            view = torch.frombuffer(block.buf, dtype=torch.uint8, count=size, offset=offset)
+            out[name] = view.view(dtype).reshape(shape).clone()
+            del view  # the block cannot close while a tensor points into it
+            offset += size
+        return out
+    finally:
+        block.close()
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Open an existing block without letting this process's tracker unlink it at exit."""
+    block = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+    return block
+
+
+def _numel(shape: Iterable[int]) -> int:
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            raise TransferError("update_info.shapes", "dimensions must be >= 0")
+        count *= dim
+    return count
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def checksums(params: Mapping[str, Tensor]) -> dict[str, str]:
+    """sha256 of each tensor's bytes, keyed by name (the digest vLLM's weight checker uses)."""
+    return {
+        name: hashlib.sha256(
+            tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        ).hexdigest()
+        for name, tensor in params.items()
+    }

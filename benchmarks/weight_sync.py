@@ -1,0 +1,210 @@
+"""Weight sync under load: disk reload vs in-flight updates (keep, wait, abort), on CPU.
+
+The embedded server serves the real small model while ``--clients`` clients sample replies
+back to back (``/generate``, ``ignore_eos``; an aborted reply is resubmitted token-in with the
+budget it has left, as envs do). The trainer side (this process, the model loaded here) pushes
+new weights ``--syncs`` times per way, with the trainer's own strategies:
+
+- ``disk``: write the HF folder, ``POST /update_weights_from_disk`` (baseline);
+- ``keep`` / ``wait`` / ``abort``: ``weight_sync: embedded`` (chunks over ``--transport``).
+
+Per sync: the trainer's blocked time (writing + pushing) and the longest time the server
+generated nothing while the push ran (its ``decode_steps`` polled every 10 ms, while requests
+were waiting or running). Per way: rollout tokens/s over the whole run. Printed with the
+ratios against disk reload. Wall-clock figures on a shared 2-core machine vary from run to
+run; the ways run one after another and the ratios are taken within one run.
+
+    python benchmarks/weight_sync.py                    # 20 syncs per way
+    python benchmarks/weight_sync.py --syncs 3 --ways disk,keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.inference_throughput import start_embedded  # noqa: E402
+
+WAYS = ("disk", "keep", "wait", "abort")
+PROMPT = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+
+
+@dataclass
+class WayResult:
+    way: str
+    blocked_s: list[float] = field(default_factory=list)
+    idle_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class Progress:
+    """Polls the server's ``decode_steps``; the longest stall inside a window."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[tuple[float, int, bool]] = []  # (time, decode_steps, busy)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.is_set():
+                health = client.get(f"{self.url}/health").json()
+                busy = health["requests_running"] + health["requests_waiting"] > 0
+                self.samples.append((time.perf_counter(), health["decode_steps"], busy))
+                time.sleep(0.01)
+
+    def longest_stall(self, start: float, end: float) -> float:
+        """Longest stretch inside [start, end] with work queued but no new decode step."""
+        window = [s for s in self.samples if start <= s[0] <= end]
+        longest, since = 0.0, None
+        for (t0, steps0, busy), (t1, steps1, _) in itertools.pairwise(window):
+            if steps1 == steps0 and busy:
+                since = t0 if since is None else since
+                longest = max(longest, t1 - since)
+            else:
+                since = None
+        return longest
+
+
+async def client_loop(url: str, tokens: int, stop: threading.Event, produced: list[int]) -> None:
+    async with httpx.AsyncClient(timeout=600) as http:
+        while not stop.is_set():
+            ids: list[int] = []
+            while len(ids) < tokens:  # an aborted reply goes on token-in
+                params = {"max_new_tokens": tokens - len(ids), "temperature": 1.0}
+                params["ignore_eos"] = True
+                body = {"input_ids": PROMPT + ids, "sampling_params": params}
+                answer = (await http.post(f"{url}/generate", json=body)).json()
+                ids += answer["output_ids"]
+            produced.append(len(ids))
+
+
+def run_way(way: str, args: argparse.Namespace, url: str, model: object, tmp: Path) -> WayResult:
+    import torch
+
+    from example_trainer.checkpoint import save_weights
+    from example_trainer.config import TrainerConfig
+    from example_trainer.weight_sync import push_weights, sync_for
+
+    cfg = TrainerConfig(
+        model=str(args.model), save_dir=tmp, inference_urls=[url],
+        weight_sync="disk" if way == "disk" else "embedded",
+        sync_pause="keep" if way == "disk" else way,
+        sync_transport="auto" if way == "disk" else args.transport,
+    )  # fmt: skip
+    sync = sync_for(cfg)
+    result = WayResult(way)
+    produced: list[int] = []
+    with Progress(url) as progress:
+        stop = threading.Event()
+
+        async def clients() -> None:
+            await asyncio.gather(
+                *(client_loop(url, args.tokens, stop, produced) for _ in range(args.clients))
+            )
+
+        runner = threading.Thread(target=lambda: asyncio.run(clients()), daemon=True)
+        started = time.perf_counter()
+        runner.start()
+        for n in range(args.syncs):
+            time.sleep(args.gap)  # rollouts between two steps
+            with torch.no_grad():
+                for parameter in model.parameters():  # type: ignore[attr-defined]
+                    parameter.mul_(1.0 + 1e-4)
+            folder = tmp / way / f"step-{n}"
+            t0 = time.perf_counter()
+            report = push_weights(
+                sync, model, None, folder, lambda f=folder: save_weights(model, f), n + 1
+            )  # type: ignore[arg-type]
+            t1 = time.perf_counter()
+            if not report.ok:
+                raise SystemExit(f"{way}: sync {n + 1} failed: {report.failed}")
+            result.blocked_s.append(t1 - t0)
+            result.idle_s.append(progress.longest_stall(t0, t1 + 0.05))
+        time.sleep(args.gap)
+        stop.set()
+        runner.join()
+        result.seconds = time.perf_counter() - started
+    sync.close()
+    result.tokens = sum(produced)
+    return result
+
+
+def report(results: list[WayResult]) -> str:
+    base = next((r for r in results if r.way == "disk"), results[0])
+    lines = [
+        f"{'way':<6} {'blocked s':>10} {'x disk':>7} {'idle s (max)':>13} {'idle mean':>10} "
+        f"{'tok/s':>7} {'x disk':>7}"
+    ]
+    for r in results:
+        blocked, idle = statistics.median(r.blocked_s), statistics.mean(r.idle_s)
+        lines.append(
+            f"{r.way:<6} {blocked:>10.2f} {blocked / statistics.median(base.blocked_s):>7.2f} "
+            f"{max(r.idle_s):>13.2f} {idle:>10.2f} {r.tokens_per_s:>7.1f} "
+            f"{r.tokens_per_s / max(base.tokens_per_s, 1e-9):>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from atroposlib.utils.test_model import ensure_test_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="default: the test model")
+    parser.add_argument("--syncs", type=int, default=20, help="syncs per way")
+    parser.add_argument("--ways", default=",".join(WAYS), help="disk,keep,wait,abort")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=48, help="tokens per reply")
+    parser.add_argument("--gap", type=float, default=1.0, help="seconds between syncs")
+    parser.add_argument("--transport", choices=("http", "shm"), default="shm")
+    parser.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    args = parser.parse_args(argv)
+    args.model = args.model or ensure_test_model()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
+    process, url = start_embedded(args.model, args.threads, max_batch=args.clients)
+    results = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp:
+            for way in args.ways.split(","):
+                results.append(run_way(way, args, url, model, Path(tmp)))
+                print(f"{way}: done", flush=True)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
