@@ -56,16 +56,21 @@ class TrainerNotRegisteredError(AtroposError):
     """The trainer asked for a batch (or acked) before ``POST /register``."""
 
 
-class QueueFullError(AtroposError):
-    """The broker's queue is at its limit; retry after ``retry_after`` seconds."""
+class RetryLaterError(AtroposError):
+    """The broker cannot take the request now; nothing changed, retry after ``retry_after``
+    seconds (HTTP 503 with ``Retry-After``)."""
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
-class StoreWriteError(QueueFullError):
-    """The broker's store could not write (e.g. a full disk); nothing changed, retry later."""
+class QueueFullError(RetryLaterError):
+    """The broker's queue is at its limit."""
+
+
+class StoreWriteError(RetryLaterError):
+    """The broker's store could not write (e.g. a full disk)."""
 
 
 class RequestBodyError(AtroposError):

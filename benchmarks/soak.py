@@ -42,7 +42,7 @@ import psutil
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from atroposlib.api.client import EnvClient, TrainerClient  # noqa: E402
+from atroposlib.client import EnvClient, TrainerClient  # noqa: E402
 from atroposlib.envs.sender import GroupSender  # noqa: E402
 from atroposlib.envs.spool import Spool  # noqa: E402
 from atroposlib.errors import BrokerError  # noqa: E402

@@ -46,7 +46,7 @@ from example_trainer.data import (
     plan_microbatches,
 )
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import (
+from example_trainer.sequence_packing import (
     collate_packed,
     model_logprobs,
     packed_costs,

@@ -114,64 +114,86 @@ def batch_to_samples(
         if meta is None:
             stats.invalid_groups += 1
             continue
-        n = meta.size
-        gen_temp = float((meta.generation_params or {}).get("temperature", 1.0))
         given_adv = group.get("advantages")
-        inf_lp, ref_lp = group.get("inference_logprobs"), group.get("ref_logprobs")
-        token_versions = group.get("token_policy_versions")
-        scores = meta.scores
-        env_id = meta.env_id
         start = len(samples)
         rl_rows: list[int] = []
-        for i in range(n):
-            tokens = _array(group["tokens"][i], np.int64)
-            sft = bool(meta.override(i, "sft", False))
-            truncated = meta.truncated(i)
-            weight = 0.0 if (truncated and cfg.mask_truncated and not sft) else 1.0
-            stats.truncated_masked += int(weight == 0.0)
-            stats.sft_rows += int(sft)
-            adv = (
-                _array(given_adv[i], np.float32)
-                if given_adv is not None and given_adv[i] is not None
-                else np.zeros_like(tokens, dtype=np.float32)
-            )
-            samples.append(
-                Sample(
-                    **_distill_rows(group, i, len(tokens)),
-                    tokens=tokens,
-                    labels=_array(group["masks"][i], np.int64),
-                    advantages=adv,
-                    inference_logprobs=None
-                    if inf_lp is None or inf_lp[i] is None
-                    else _array(inf_lp[i], np.float32),
-                    ref_logprobs=None
-                    if ref_lp is None or ref_lp[i] is None
-                    else _array(ref_lp[i], np.float32),
-                    temperature=float(meta.override(i, "temperature", gen_temp)),
-                    sft=sft,
-                    weight=weight,
-                    score=scores[i],
-                    env_id=env_id,
-                    policy_version=_oldest_version(meta, i),
-                    zero_advantage=bool(meta.override(i, "set_advantage_to_zero", False)),
-                    token_versions=None
-                    if token_versions is None or token_versions[i] is None
-                    else _array(token_versions[i], np.int64),
-                )
-            )
-            rewards[str(env_id)].append(scores[i])
+        for i in range(meta.size):
+            sample = _sample(group, meta, i, cfg, stats)
+            samples.append(sample)
+            rewards[str(meta.env_id)].append(meta.scores[i])
             role = meta.override(i, "role")
-            if sft or given_adv is not None:
+            if sample.sft or given_adv is not None:
                 continue
             if cfg.role_baseline and role is not None:
-                role_rows.append((start + i, (env_id, role)))
+                role_rows.append((start + i, (meta.env_id, role)))
             else:
                 rl_rows.append(start + i)
         if rl_rows:
             group_scores = torch.tensor([samples[j].score for j in rl_rows], dtype=torch.float64)
             score_groups.append((rl_rows, group_scores))
 
-    # Group baselines (mean / leave-one-out, std none / group / batch).
+    _apply_group_baselines(samples, score_groups, cfg, stats)
+    if role_rows:  # SPIRAL role-conditioned baselines, in batch order
+        role_adv, baselines = role_advantages(
+            [samples[j].score for j, _ in role_rows],
+            [key for _, key in role_rows],
+            baselines,
+            cfg.role_baseline_decay,
+        )
+        for (j, _), a in zip(role_rows, role_adv, strict=True):
+            samples[j].advantages[:] = a
+    for sample in samples:
+        if sample.zero_advantage:
+            sample.advantages[:] = 0.0
+    _summarize(samples, rewards, stats)
+    return samples, baselines, stats
+
+
+def _sample(
+    group: Mapping[str, Any], meta: GroupMeta, i: int, cfg: LossConfig, stats: BatchStats
+) -> Sample:
+    """Sequence ``i`` of a group, its advantages zero unless the env gave them."""
+    tokens = _array(group["tokens"][i], np.int64)
+    sft = bool(meta.override(i, "sft", False))
+    weight = 0.0 if (meta.truncated(i) and cfg.mask_truncated and not sft) else 1.0
+    stats.truncated_masked += int(weight == 0.0)
+    stats.sft_rows += int(sft)
+    given_adv = group.get("advantages")
+    gen_temp = float((meta.generation_params or {}).get("temperature", 1.0))
+
+    def row(name: str, dtype: Any) -> np.ndarray | None:
+        rows = group.get(name)
+        return None if rows is None or rows[i] is None else _array(rows[i], dtype)
+
+    return Sample(
+        **_distill_rows(group, i, len(tokens)),
+        tokens=tokens,
+        labels=_array(group["masks"][i], np.int64),
+        advantages=(
+            _array(given_adv[i], np.float32)
+            if given_adv is not None and given_adv[i] is not None
+            else np.zeros_like(tokens, dtype=np.float32)
+        ),
+        inference_logprobs=row("inference_logprobs", np.float32),
+        ref_logprobs=row("ref_logprobs", np.float32),
+        temperature=float(meta.override(i, "temperature", gen_temp)),
+        sft=sft,
+        weight=weight,
+        score=meta.scores[i],
+        env_id=meta.env_id,
+        policy_version=_oldest_version(meta, i),
+        zero_advantage=bool(meta.override(i, "set_advantage_to_zero", False)),
+        token_versions=row("token_policy_versions", np.int64),
+    )
+
+
+def _apply_group_baselines(
+    samples: list[Sample],
+    score_groups: list[tuple[list[int], Tensor]],
+    cfg: LossConfig,
+    stats: BatchStats,
+) -> None:
+    """Group baselines (mean / leave-one-out, std none / group / batch) into the samples."""
     advs = group_advantages(
         [s for _, s in score_groups], cfg.advantage_baseline, cfg.advantage_std, cfg.std_eps
     )
@@ -182,21 +204,9 @@ def batch_to_samples(
             samples[j].advantages[:] = a
             if zero_var and cfg.mask_zero_variance_groups:
                 samples[j].weight = 0.0
-    # SPIRAL role-conditioned baselines, in batch order.
-    if role_rows:
-        role_adv, baselines = role_advantages(
-            [samples[j].score for j, _ in role_rows],
-            [key for _, key in role_rows],
-            baselines,
-            cfg.role_baseline_decay,
-        )
-        for (j, _), a in zip(role_rows, role_adv, strict=True):
-            samples[j].advantages[:] = a
 
-    for sample in samples:
-        if sample.zero_advantage:
-            sample.advantages[:] = 0.0
 
+def _summarize(samples: list[Sample], rewards: dict[str, list[float]], stats: BatchStats) -> None:
     stats.rewards_by_env = {k: float(np.mean(v)) for k, v in rewards.items()}
     trained = [
         float(s.advantages[s.labels != MASK_IGNORE_INDEX].mean())
@@ -207,7 +217,6 @@ def batch_to_samples(
         a = np.asarray(trained)
         stats.advantage = {"mean": a.mean(), "std": a.std(), "min": a.min(), "max": a.max()}
     stats.policy_versions = [s.policy_version for s in samples if s.policy_version is not None]
-    return samples, baselines, stats
 
 
 def _oldest_version(meta: GroupMeta, index: int) -> int | None:
@@ -296,7 +305,7 @@ def shard_plan(plan: Sequence[T], costs: Sequence[int], world_size: int, rank: i
 
 @dataclass
 class PackedRows:
-    """A micro-batch's sequences back to back in R rows of W tokens (example_trainer.packing).
+    """A micro-batch's sequences back to back in R rows of W tokens (sequence_packing.py).
 
     The k-th scored position (row-major) predicts ``targets[k]`` at ``temperature[k]``;
     ``index`` maps the padded next-token layout (B, T-1) of MicroBatch to those k, and

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from atroposlib.utils.advantages import AdvantageBaseline, AdvantageScale, grouped_advantages
 from example_trainer.config import LossConfig
 
 # ---------------------------------------------------------------------------------------
@@ -36,19 +38,16 @@ def group_advantages(
     """Scores of each group (G_k,) -> advantages (G_k,).
 
     std="group": divide by the group's (unbiased) score std (GRPO); "batch": by the std of
-    every score in the batch; "none": leave unscaled (Dr GRPO).
+    every score in the batch; "none": leave unscaled (Dr GRPO). The formula is
+    ``atroposlib.utils.advantages.grouped_advantages``, the one environments use too.
     """
-    centred = [s - group_baseline(s, baseline) for s in groups]
-    if std == "none":
-        return centred
-    if std == "batch":
-        all_scores = torch.cat(list(groups))
-        scale = all_scores.std() if all_scores.numel() > 1 else all_scores.new_tensor(0.0)
-        return [a / (scale + eps) for a in centred]
-    return [
-        a / ((s.std() if s.numel() > 1 else s.new_tensor(0.0)) + eps)
-        for s, a in zip(groups, centred, strict=True)
-    ]
+    values = grouped_advantages(
+        [s.tolist() for s in groups],
+        cast(AdvantageBaseline, baseline),
+        cast(AdvantageScale, std),
+        eps,
+    )
+    return [s.new_tensor(v) for s, v in zip(groups, values, strict=True)]
 
 
 def role_advantages(

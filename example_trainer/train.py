@@ -8,7 +8,7 @@ per group, per batch or none; SPIRAL role baselines). Loss options (clip-higher,
 truncated importance sampling, KL k1/k3, entropy bonus, aggregation) are LossConfig switches;
 see README.md. SFT rows (override ``sft``) are trained with plain NLL in the same step.
 
-Micro-batches are packed rows by default (example_trainer.packing: whole sequences back to
+Micro-batches are packed rows by default (example_trainer.sequence_packing: whole sequences back to
 back, block-diagonal attention, no padding) or length-bucketed padded rows.
 
 Weights reach inference by disk reload, vLLM restart, LoRA hot-load, or the engines' native
@@ -28,6 +28,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,7 +57,7 @@ from example_trainer.config import TrainerConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals, shard_plan, version_lags
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import (
+from example_trainer.sequence_packing import (
     micro_batch,
     micro_batch_plan,
     model_logprobs,
@@ -70,7 +71,7 @@ logger = logging.getLogger("example_trainer")
 
 
 class BatchSource(Protocol):
-    """What the loop needs from the broker (atroposlib.api.client.TrainerClient fits)."""
+    """What the loop needs from the broker (atroposlib.client.TrainerClient fits)."""
 
     def register(self, registration: TrainerRegistration) -> int: ...
     def wait_for_batch(self, poll_interval: float = 0.5, timeout: float | None = None) -> Any: ...
@@ -159,6 +160,109 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
 
     # ---- model, optimizer, schedule, resume -----------------------------------------------
     resume_from = resolve_resume(cfg.resume, cfg.save_dir)
+    run = build_trainee(cfg, resume_from, device, world)
+    start_step, role_baselines = resume_trainee(run, resume_from) if resume_from else (0, {})
+    tracker = make_tracker(cfg, rank)
+
+    # ---- broker and inference servers (rank 0 only) ---------------------------------------
+    sync = sync_for(cfg)
+    if rank == 0:
+        client = register_trainer(cfg, client, start_step)
+        if cfg.weight_sync == "vllm_restart":
+            sync.start(str(resume_from or cfg.model))
+
+    history: list[dict[str, float]] = []
+    for step in range(start_step + 1, cfg.num_steps + 1):
+        # ---- pull a batch and turn it into samples ----------------------------------------
+        t0 = time.perf_counter()
+        groups = broadcast(pull_groups(client, cfg.broker_patience_s, step), world)
+        t_data = time.perf_counter() - t0
+        samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
+        totals = batch_totals(samples)
+        lags = version_lags(samples, step)  # (tokens,): updates between sampling and training
+        # Sequences with nothing to train (zero-variance groups, masked rows) add 0 to the loss
+        # and every metric: no forward/backward for them (one kept if none is left, for DDP).
+        samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
+        lengths = [len(s.tokens) for s in samples]
+        plan, costs = micro_batch_plan(cfg, lengths)
+        mine = shard_plan(plan, costs, world, rank)
+        n_micro = max(len(shard_plan(plan, costs, world, r)) for r in range(world))
+
+        # ---- forward / backward over micro-batches, then one optimizer step ----------------
+        sums = forward_backward(cfg, run, samples, mine, n_micro, totals, world, device)
+        grad_norm = nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm)
+        if totals.tokens > 0:  # an all-masked batch would still move AdamW's momentum
+            run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+
+        # ---- metrics ----------------------------------------------------------------------
+        total = summed_over_ranks(sums, world)
+        row: dict[str, float] = {
+            "train/step": float(step),
+            "train/lr": float(run.scheduler.get_last_lr()[0]),
+            "train/grad_norm": float(grad_norm),
+            "train/skipped": float(totals.tokens == 0),
+            "train/data_wait_s": t_data,
+            **loss_metrics(total),
+            **throughput_metrics(lengths, costs, time.perf_counter() - t0),
+            **data_metrics(stats, lags, step),
+            "train/elapsed_s": time.monotonic() - started,
+        }
+        out_of_time = broadcast(
+            cfg.time_limit_s is not None and row["train/elapsed_s"] >= cfg.time_limit_s, world
+        )  # rank 0's clock decides, so every rank stops at the same step
+        history.append(row)
+        if rank == 0:
+            tracker.log(row, step=step)
+            log_step(step, row)
+
+        # ---- save + acknowledge, then push weights ----------------------------------------
+        checkpoint = None
+        final_step = step == cfg.num_steps or out_of_time
+        if step % cfg.save_interval == 0 or final_step:
+            checkpoint = save_and_ack(cfg, run, step, client, role_baselines, rank, world)
+        if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
+            metrics, failed = push_to_inference(cfg, run, sync, step, checkpoint, rank, world)
+            if rank == 0:
+                tracker.log(metrics, step=step)
+                history[-1].update(metrics)
+            if failed is not None:  # on every rank, not only rank 0
+                raise WeightSyncError(failed)
+        if world > 1:
+            dist.barrier()
+        if out_of_time:
+            logger.info("time limit of %.0f s reached after step %d", cfg.time_limit_s, step)
+            break
+
+    sync.close()
+    tracker.finish()
+    if rank == 0 and client is not None:
+        client.close()
+    return history
+
+
+# ---------------------------------------------------------------------------------------
+# The steps of train(), in the order it calls them
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trainee:
+    """The model being trained and what steps it: optimizer, schedule, reference model."""
+
+    model: nn.Module  # wrapped in DDP when world > 1 (FSDP shards it in place)
+    ref_model: nn.Module | None
+    tokenizer: Any
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sharded: bool
+
+
+def build_trainee(
+    cfg: TrainerConfig, resume_from: Path | None, device: torch.device, world: int
+) -> Trainee:
     model = load_model(cfg, resume_from, device)
     tokenizer = load_tokenizer(cfg.model)
     ref_model: nn.Module | None = None
@@ -176,202 +280,220 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    start_step, role_baselines = 0, {}
-    if resume_from is not None:
-        state = load_state(resume_from)
-        load_optimizer_state(model, optimizer, state["optimizer"], sharded)
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start_step, role_baselines = state["step"], state.get("role_baselines", {})
-        logger.info("resumed from %s at step %d", resume_from, start_step)
-    tracker = make_tracker(cfg, rank)
+    return Trainee(model, ref_model, tokenizer, params, optimizer, scheduler, sharded)
 
-    # ---- broker and inference servers (rank 0 only) ---------------------------------------
-    sync = sync_for(cfg)
-    if rank == 0:
-        if client is None:
-            from atroposlib.api.client import TrainerClient
 
-            key = cfg.broker_api_key.get_secret_value() if cfg.broker_api_key else None
-            client = TrainerClient(cfg.broker_url, key)
-        client.register(
-            TrainerRegistration(
-                wandb_group=cfg.wandb.group or "",
-                wandb_project=cfg.wandb.project,
-                batch_size=cfg.batch_size,
-                max_token_len=cfg.max_token_len,
-                checkpoint_dir=str(cfg.save_dir),
-                save_checkpoint_interval=cfg.save_interval,
-                starting_step=start_step,
-                num_steps=cfg.num_steps,
-                max_staleness=cfg.max_staleness,
-                acknowledges=True,
-            )
+def resume_trainee(run: Trainee, resume_from: Path) -> tuple[int, dict[Any, float]]:
+    """Optimizer, schedule and RNG state of a checkpoint; returns (step, role baselines)."""
+    state = load_state(resume_from)
+    load_optimizer_state(run.model, run.optimizer, state["optimizer"], run.sharded)
+    run.scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    logger.info("resumed from %s at step %d", resume_from, state["step"])
+    return state["step"], state.get("role_baselines", {})
+
+
+def pull_groups(client: BatchSource | None, patience_s: float, step: int) -> Any:
+    """The groups of the next batch (rank 0; None on the other ranks, which get a broadcast)."""
+    if client is None:
+        return None
+    batch = pull_batch(client, patience_s)
+    if batch is None:
+        return None
+    if batch.step is not None and batch.step != step:
+        logger.warning("broker sent batch for step %s while training step %d", batch.step, step)
+    return batch.groups
+
+
+def register_trainer(
+    cfg: TrainerConfig, client: BatchSource | None, start_step: int
+) -> BatchSource:
+    if client is None:
+        from atroposlib.client import TrainerClient
+
+        key = cfg.broker_api_key.get_secret_value() if cfg.broker_api_key else None
+        client = TrainerClient(cfg.broker_url, key)
+    client.register(
+        TrainerRegistration(
+            wandb_group=cfg.wandb.group or "",
+            wandb_project=cfg.wandb.project,
+            batch_size=cfg.batch_size,
+            max_token_len=cfg.max_token_len,
+            checkpoint_dir=str(cfg.save_dir),
+            save_checkpoint_interval=cfg.save_interval,
+            starting_step=start_step,
+            num_steps=cfg.num_steps,
+            max_staleness=cfg.max_staleness,
+            acknowledges=True,
         )
-        if cfg.weight_sync == "vllm_restart":
-            sync.start(str(resume_from or cfg.model))
+    )
+    return client
 
-    history: list[dict[str, float]] = []
-    for step in range(start_step + 1, cfg.num_steps + 1):
-        # ---- pull a batch and turn it into samples ----------------------------------------
-        t0 = time.perf_counter()
-        batch = pull_batch(client, cfg.broker_patience_s) if client is not None else None
-        groups = broadcast(batch.groups if batch is not None else None, world)
-        if batch is not None and batch.step is not None and batch.step != step:
-            logger.warning("broker sent batch for step %s while training step %d", batch.step, step)
-        t_data = time.perf_counter() - t0
-        samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
-        totals = batch_totals(samples)
-        lags = version_lags(samples, step)  # (tokens,): updates between sampling and training
-        # Sequences with nothing to train (zero-variance groups, masked rows) add 0 to the loss
-        # and every metric: no forward/backward for them (one kept if none is left, for DDP).
-        samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
-        lengths = [len(s.tokens) for s in samples]
-        plan, costs = micro_batch_plan(cfg, lengths)
-        mine = shard_plan(plan, costs, world, rank)
-        n_micro = max(len(shard_plan(plan, costs, world, r)) for r in range(world))
 
-        # ---- forward / backward over micro-batches ----------------------------------------
-        model.train()
-        sums: dict[str, torch.Tensor] = {}
-        loss_sum = torch.zeros((), device=device)
-        for k in range(n_micro):
-            dummy = k >= len(mine)  # keeps ranks in step for DDP's gradient all-reduce
-            mb = micro_batch(cfg, samples, mine[k] if not dummy else None).to(device)
-            last = k == n_micro - 1
-            with grad_sync(model, enabled=last), autocast(cfg, device):
-                logp, entropy = model_logprobs(model, mb, cfg.loss.entropy_coef > 0)  # (B, T-1)
-                ref_logp = mb.ref_logprobs
-                if ref_logp is None and cfg.loss.kl_coef > 0:
-                    ref_logp = reference_logprobs(model, ref_model, mb)
-                x = LossInputs(
-                    **distill_inputs(model, mb, cfg),
-                    logp=logp,
-                    entropy=entropy,
-                    mask=mb.mask * (0.0 if dummy else 1.0),
-                    advantages=mb.advantages,
-                    sft=mb.sft,
-                    inference_logp=mb.inference_logprobs,
-                    has_inference=mb.has_inference,
-                    ref_logp=ref_logp,
-                )
-                loss, metrics = grpo_loss(x, cfg.loss, totals, cfg.constant_normalizer)
-                (loss * world).backward()  # DDP averages gradients over ranks; we want the sum
-            loss_sum += loss.detach()
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, torch.zeros((), device=device)) + value
-        grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        if totals.tokens > 0:  # an all-masked batch would still move AdamW's momentum
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        # ---- metrics ----------------------------------------------------------------------
-        keys = sorted(sums)
-        packed = torch.stack([loss_sum, *(sums[k] for k in keys)])
-        if world > 1:
-            dist.all_reduce(packed)
-        total = dict(zip(["loss", *keys], packed.tolist(), strict=True))
-        elapsed = time.perf_counter() - t0
-        out_of_time = broadcast(
-            cfg.time_limit_s is not None and time.monotonic() - started >= cfg.time_limit_s, world
-        )  # rank 0's clock decides, so every rank stops at the same step
-        seq_tokens = sum(lengths)
-        staleness = [step - 1 - v for v in stats.policy_versions]
-        row = {
-            "train/step": float(step),
-            "train/loss": total["loss"],
-            "train/lr": scheduler.get_last_lr()[0],
-            "train/grad_norm": float(grad_norm),
-            "train/entropy": total["entropy"] / max(total["tokens"], 1.0),
-            "train/clip_frac": total["clip_frac"] / max(total["rl_tokens"], 1.0),
-            "train/mismatch_kl": total["mismatch_kl"] / max(total["mismatch_tokens"], 1.0),
-            "train/is_weight": total["is_weight"] / max(total["rl_tokens"], 1.0),
-            "train/is_masked_frac": total["is_masked"] / max(total["tokens"], 1.0),
-            "train/ref_kl": total["ref_kl"] / max(total["rl_tokens"], 1.0),
-            "train/sft_nll": total["sft_nll"] / max(total["sft_tokens"], 1.0),
-            "train/distill_kl": total["distill_kl"] / max(total["tokens"], 1.0),
-            "train/trained_tokens": total["tokens"],
-            "train/skipped": float(totals.tokens == 0),
-            "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
-            "train/tokens_per_s": seq_tokens / elapsed,
-            "train/padding_frac": 1.0 - seq_tokens / max(1, sum(costs)),
-            "train/data_wait_s": t_data,
-            "train/zero_variance_groups": float(stats.zero_variance_groups),
-            "train/truncated_masked": float(stats.truncated_masked),
-            "train/invalid_groups": float(stats.invalid_groups),
-            "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
-            "train/staleness_max": float(max(staleness)) if staleness else 0.0,
-            "train/version_lag_min": float(lags.min()) if lags.size else 0.0,
-            "train/version_lag_mean": float(lags.mean()) if lags.size else 0.0,
-            "train/version_lag_max": float(lags.max()) if lags.size else 0.0,
-            "train/elapsed_s": time.monotonic() - started,
-            **{f"train/advantage_{k}": float(v) for k, v in stats.advantage.items()},
-            **{f"env/{env}/reward_mean": r for env, r in stats.rewards_by_env.items()},
-        }
-        history.append(row)
-        if rank == 0:
-            tracker.log(row, step=step)
-            logger.info(
-                "step %d loss %.4f grad_norm %.3f entropy %.3f clip %.3f mismatch_kl %.2e "
-                "tok/s %.0f",
-                step,
-                row["train/loss"],
-                row["train/grad_norm"],
-                row["train/entropy"],
-                row["train/clip_frac"],
-                row["train/mismatch_kl"],
-                row["train/tokens_per_s"],
+def forward_backward(
+    cfg: TrainerConfig,
+    run: Trainee,
+    samples: list[Any],
+    mine: list[Any],
+    n_micro: int,
+    totals: Any,
+    world: int,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Gradients of this rank's micro-batches; returns this rank's loss and metric sums."""
+    model = run.model
+    model.train()
+    sums: dict[str, torch.Tensor] = {}
+    loss_sum = torch.zeros((), device=device)
+    for k in range(n_micro):
+        dummy = k >= len(mine)  # keeps ranks in step for DDP's gradient all-reduce
+        mb = micro_batch(cfg, samples, mine[k] if not dummy else None).to(device)
+        last = k == n_micro - 1
+        with grad_sync(model, enabled=last), autocast(cfg, device):
+            logp, entropy = model_logprobs(model, mb, cfg.loss.entropy_coef > 0)  # (B, T-1)
+            ref_logp = mb.ref_logprobs
+            if ref_logp is None and cfg.loss.kl_coef > 0:
+                ref_logp = reference_logprobs(model, run.ref_model, mb)
+            x = LossInputs(
+                **distill_inputs(model, mb, cfg),
+                logp=logp,
+                entropy=entropy,
+                mask=mb.mask * (0.0 if dummy else 1.0),
+                advantages=mb.advantages,
+                sft=mb.sft,
+                inference_logp=mb.inference_logprobs,
+                has_inference=mb.has_inference,
+                ref_logp=ref_logp,
             )
+            loss, metrics = grpo_loss(x, cfg.loss, totals, cfg.constant_normalizer)
+            (loss * world).backward()  # DDP averages gradients over ranks; we want the sum
+        loss_sum += loss.detach()
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, torch.zeros((), device=device)) + value
+    return {"loss": loss_sum, **sums}
 
-        # ---- save + acknowledge, then push weights ----------------------------------------
-        checkpoint = None
-        final_step = step == cfg.num_steps or out_of_time
-        if step % cfg.save_interval == 0 or final_step:
-            full = gather_full_state(model, optimizer, sharded)  # collective under FSDP
-            if rank == 0:
-                checkpoint = save_checkpoint(
-                    cfg.save_dir,
-                    step,
-                    model,
-                    full,
-                    scheduler,
-                    tokenizer,
-                    extra={"role_baselines": role_baselines, "config": cfg.model_dump(mode="json")},
-                    optimizer_precision=cfg.checkpoint_optimizer_precision,
-                )
-                client.ack(step)  # type: ignore[union-attr]
-                prune_steps(cfg.save_dir, cfg.keep_last_checkpoints, marker=STATE_FILE)
-            if world > 1:
-                dist.barrier()
-        if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
-            weights = gather_full_state(model, None, sharded).model  # collective under FSDP
-            failed = None
-            if rank == 0:
-                folder = cfg.save_dir / "weights" / f"step-{step}"
-                merged = sync.writes != "adapter"
-                write = partial(
-                    write_pushed_weights, model, folder, tokenizer, merged, weights, checkpoint
-                )
-                report = push_weights(sync, model, weights, folder, write, step)
-                tracker.log(report.metrics(), step=step)
-                history[-1].update(report.metrics())
-                failed = report if report.failed else None
-                prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
-            failed = broadcast(failed, world)  # every rank stops, not only rank 0
-            if failed is not None:
-                raise WeightSyncError(failed)
-        if world > 1:
-            dist.barrier()
-        if out_of_time:
-            logger.info("time limit of %.0f s reached after step %d", cfg.time_limit_s, step)
-            break
 
-    sync.close()
-    tracker.finish()
-    if rank == 0 and client is not None:
-        client.close()
-    return history
+def summed_over_ranks(sums: dict[str, torch.Tensor], world: int) -> dict[str, float]:
+    keys = ["loss", *sorted(k for k in sums if k != "loss")]
+    packed = torch.stack([sums[k] for k in keys])
+    if world > 1:
+        dist.all_reduce(packed)
+    return dict(zip(keys, packed.tolist(), strict=True))
+
+
+def loss_metrics(total: dict[str, float]) -> dict[str, float]:
+    """Per-token means of the loss terms summed over the batch."""
+
+    def mean(key: str, per: str) -> float:
+        return total[key] / max(total[per], 1.0)
+
+    return {
+        "train/loss": total["loss"],
+        "train/entropy": mean("entropy", "tokens"),
+        "train/clip_frac": mean("clip_frac", "rl_tokens"),
+        "train/mismatch_kl": mean("mismatch_kl", "mismatch_tokens"),
+        "train/is_weight": mean("is_weight", "rl_tokens"),
+        "train/is_masked_frac": mean("is_masked", "tokens"),
+        "train/ref_kl": mean("ref_kl", "rl_tokens"),
+        "train/sft_nll": mean("sft_nll", "sft_tokens"),
+        "train/distill_kl": mean("distill_kl", "tokens"),
+        "train/trained_tokens": total["tokens"],
+    }
+
+
+def throughput_metrics(lengths: list[int], costs: list[int], elapsed: float) -> dict[str, float]:
+    seq_tokens = sum(lengths)
+    return {
+        "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
+        "train/tokens_per_s": seq_tokens / elapsed,
+        "train/padding_frac": 1.0 - seq_tokens / max(1, sum(costs)),
+    }
+
+
+def data_metrics(stats: Any, lags: np.ndarray, step: int) -> dict[str, float]:
+    """What the batch held: dropped groups, staleness, version lags, advantages, rewards."""
+    staleness = [step - 1 - v for v in stats.policy_versions]
+    return {
+        "train/zero_variance_groups": float(stats.zero_variance_groups),
+        "train/truncated_masked": float(stats.truncated_masked),
+        "train/invalid_groups": float(stats.invalid_groups),
+        "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+        "train/staleness_max": float(max(staleness)) if staleness else 0.0,
+        "train/version_lag_min": float(lags.min()) if lags.size else 0.0,
+        "train/version_lag_mean": float(lags.mean()) if lags.size else 0.0,
+        "train/version_lag_max": float(lags.max()) if lags.size else 0.0,
+        **{f"train/advantage_{k}": float(v) for k, v in stats.advantage.items()},
+        **{f"env/{env}/reward_mean": r for env, r in stats.rewards_by_env.items()},
+    }
+
+
+def log_step(step: int, row: dict[str, float]) -> None:
+    logger.info(
+        "step %d loss %.4f grad_norm %.3f entropy %.3f clip %.3f mismatch_kl %.2e tok/s %.0f",
+        step,
+        row["train/loss"],
+        row["train/grad_norm"],
+        row["train/entropy"],
+        row["train/clip_frac"],
+        row["train/mismatch_kl"],
+        row["train/tokens_per_s"],
+    )
+
+
+def save_and_ack(
+    cfg: TrainerConfig,
+    run: Trainee,
+    step: int,
+    client: BatchSource | None,
+    role_baselines: dict[Any, float],
+    rank: int,
+    world: int,
+) -> Path | None:
+    """Checkpoint (every rank gathers, rank 0 writes), then tell the broker it is trained."""
+    checkpoint = None
+    full = gather_full_state(run.model, run.optimizer, run.sharded)  # collective under FSDP
+    if rank == 0:
+        checkpoint = save_checkpoint(
+            cfg.save_dir,
+            step,
+            run.model,
+            full,
+            run.scheduler,
+            run.tokenizer,
+            extra={"role_baselines": role_baselines, "config": cfg.model_dump(mode="json")},
+            optimizer_precision=cfg.checkpoint_optimizer_precision,
+        )
+        client.ack(step)  # type: ignore[union-attr]
+        prune_steps(cfg.save_dir, cfg.keep_last_checkpoints, marker=STATE_FILE)
+    if world > 1:
+        dist.barrier()
+    return checkpoint
+
+
+def push_to_inference(
+    cfg: TrainerConfig,
+    run: Trainee,
+    sync: Any,
+    step: int,
+    checkpoint: Path | None,
+    rank: int,
+    world: int,
+) -> tuple[dict[str, float], Any]:
+    """Push the new weights (rank 0); returns the push's metrics and, on every rank, the
+    failed report (None when the push worked)."""
+    weights = gather_full_state(run.model, None, run.sharded).model  # collective under FSDP
+    failed, metrics = None, {}
+    if rank == 0:
+        folder = cfg.save_dir / "weights" / f"step-{step}"
+        merged = sync.writes != "adapter"
+        write = partial(
+            write_pushed_weights, run.model, folder, run.tokenizer, merged, weights, checkpoint
+        )
+        report = push_weights(sync, run.model, weights, folder, write, step)
+        metrics = report.metrics()
+        failed = report if report.failed else None
+        prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
+    return metrics, broadcast(failed, world)
 
 
 def pull_batch(client: BatchSource, patience_s: float) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import textwrap
 import time
@@ -12,13 +11,7 @@ import psutil
 import pytest
 
 from atroposlib.launcher import Component, ComponentFailedError, Supervisor
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
+from tests.fakes import free_port
 
 SPAWNS_GRANDCHILD = (
     "import subprocess, sys, time; "
@@ -37,7 +30,7 @@ SLOW_SERVER = textwrap.dedent(
 
 
 def test_start_waits_for_health_and_stop_all_leaves_nothing(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with Supervisor(tmp_path) as supervisor:
         supervisor.start(
             Component(
@@ -79,7 +72,7 @@ def test_component_that_dies_during_startup_reports_its_log(tmp_path: Path) -> N
             Component(
                 "inference",
                 [sys.executable, "-c", script],
-                health_url=f"http://127.0.0.1:{_free_port()}/health",
+                health_url=f"http://127.0.0.1:{free_port()}/health",
             )
         )
     assert "code 3" in str(err.value)
@@ -95,7 +88,7 @@ def test_component_that_never_gets_healthy_times_out(tmp_path: Path) -> None:
             Component(
                 "sleeper",
                 [sys.executable, "-c", "import time; time.sleep(60)"],
-                health_url=f"http://127.0.0.1:{_free_port()}/",
+                health_url=f"http://127.0.0.1:{free_port()}/",
                 startup_timeout_s=1.0,
             )
         )

@@ -29,14 +29,11 @@ from atroposlib.api.hot import (
     Handler,
     HotRoutes,
     error_answer,
-    unauthorized_answer,
 )
 from atroposlib.api.http import (
-    bearer_ok,
     encoded,
     read_body,
     read_model,
-    validation_answer,
 )
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.openapi import (
@@ -52,7 +49,6 @@ from atroposlib.protocol import (
     MAX_STEP,
     Acknowledgement,
     AcknowledgementResponse,
-    BatchResponse,
     EnvRef,
     EnvRegistration,
     EnvRegistrationResponse,
@@ -61,9 +57,6 @@ from atroposlib.protocol import (
     InfoResponse,
     RecentGroupsResponse,
     RootResponse,
-    ScoredData,
-    ScoredDataListResponse,
-    ScoredDataResponse,
     StatusResponse,
     SuccessResponse,
     TrainerRegistration,
@@ -71,6 +64,7 @@ from atroposlib.protocol import (
     WaitForTrainerResponse,
     WandbInfoResponse,
 )
+from atroposlib.web import require_bearer, validation_answer
 
 logger = logging.getLogger(__name__)
 
@@ -152,19 +146,14 @@ def create_app(
             if own_store:
                 active.close()
 
-    async def authorize(request: Request) -> None:
-        if settings.api_key is not None and not bearer_ok(request, settings.api_key):
-            raise _UnauthorizedError
-
     public_docs = settings.api_key is None
     app = BrokerApp(
         title="atroposlib broker",
         openapi_url="/openapi.json" if public_docs else None,
         lifespan=lifespan,
-        dependencies=[Depends(authorize)] if settings.api_key is not None else [],
+        dependencies=[Depends(require_bearer(settings.api_key))],
         exception_handlers=_error_handlers(),
     )
-    app.add_exception_handler(_UnauthorizedError, _unauthorized)
     hot = HotRoutes(runtime.get, settings, metrics)
     app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
     if settings.cors_origins:
@@ -285,36 +274,13 @@ def _view_routes(app: FastAPI, broker: BrokerRef) -> None:
         return PlainTextResponse("Reset successful")
 
 
-_HOT_DOCS: dict[tuple[str, str], dict[str, Any]] = {
-    ("POST", "/scored_data"): {
-        "responses": {200: {"model": ScoredDataResponse}, **ERRORS},
-        "openapi_extra": request_body(ScoredData, "One scored group."),
-    },
-    ("POST", "/scored_data_list"): {
-        "responses": {200: {"model": ScoredDataListResponse}, **ERRORS},
-        "openapi_extra": request_body(list[ScoredData], "Scored groups, queued all or none."),
-    },
-    ("GET", "/batch"): {
-        "responses": {200: {"model": BatchResponse}, **ERRORS},
-        "openapi_extra": {
-            "parameters": [
-                {
-                    "name": "received", "in": "query", "required": False,
-                    "description": "The last step this (acknowledging) trainer received.",
-                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STEP},
-                }
-            ]
-        },
-    },
-}  # fmt: skip
-
-
 def _hot_routes(app: FastAPI, hot: HotRoutes, settings: BrokerSettings) -> None:
     """The hot routes as ordinary FastAPI routes too (OpenAPI schema; CORS setups)."""
-    for (method, path), handler in hot.routes.items():
+    for route in hot.declared:
         app.add_api_route(
-            path, _route(handler, settings), methods=[method], response_class=Response,
-            **_HOT_DOCS[(method, path)],
+            route.path, _route(route.handler, settings), methods=[route.method],
+            response_class=Response, openapi_extra=route.openapi_extra,
+            responses={200: {"model": route.response_model}, **ERRORS},
         )  # fmt: skip
 
 
@@ -326,11 +292,3 @@ def _route(
         return _response(await handler(request.headers, body, request.url.query))
 
     return route
-
-
-class _UnauthorizedError(Exception):
-    pass
-
-
-async def _unauthorized(_: Request, __: Exception) -> Response:
-    return _response(unauthorized_answer())

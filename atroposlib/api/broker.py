@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from atroposlib.api.batching import FairShareState, QueuedGroupRef, form_batch
 from atroposlib.api.envs import EnvRegistry
-from atroposlib.api.packing import FairShareState, QueuedGroupRef, form_batch
 from atroposlib.api.settings import BrokerSettings
+from atroposlib.api.state import BrokerState
 from atroposlib.api.store import BatchRecord, GroupMeta, GroupStore, NewGroup, StoreSnapshot
 from atroposlib.api.store.blob import decode_group, encode_group
 from atroposlib.api.validation import CheckedGroup, check_group
@@ -63,20 +64,6 @@ def _trainer_identity(registration: TrainerRegistration) -> tuple[str, str, str]
     return (registration.wandb_project, registration.wandb_group, registration.checkpoint_dir)
 
 
-def _fresh_state() -> dict[str, Any]:
-    return {
-        "trainer": None,
-        "trainer_uuid": None,
-        "started": False,
-        "current_step": 0,
-        "acked_step": None,
-        "envs": [],
-        "fair_share": {},
-        "next_key": 1,
-        "counters": {},
-    }
-
-
 class Broker:
     """Queue, batches and registrations of one broker, kept in step with its store."""
 
@@ -91,17 +78,17 @@ class Broker:
 
     def _load(self) -> None:
         snapshot = self.store.load()
-        self._state = {**_fresh_state(), **snapshot.state}
-        self._envs = EnvRegistry(self._state["envs"])
-        saved_trainer = self._state["trainer"]
+        self._state = BrokerState.from_stored(snapshot.state)
+        self._envs = EnvRegistry(self._state.envs)
+        saved_trainer = self._state.trainer
         self._trainer = (
             None if saved_trainer is None else TrainerRegistration.model_validate(saved_trainer)
         )
-        self._fair = FairShareState.from_dict(self._state["fair_share"])
+        self._fair = FairShareState.from_dict(self._state.fair_share)
         self._state_past(snapshot)
         if snapshot.log_damage:
-            self._count("log_damage", snapshot.log_damage)
-            self.store.save_state(self._state)
+            self._state.count("log_damage", snapshot.log_damage)
+            self.store.save_state(self._state.to_stored())
         if snapshot.corrupt:
             self._discard_corrupt(snapshot)
         self._queue: dict[int, GroupMeta] = {}
@@ -123,9 +110,9 @@ class Broker:
         """Keys and steps after everything stored, even if a damaged log lost a newer state."""
         keys = [meta.key for meta in snapshot.queued] + list(snapshot.batched)
         keys += [key for batch in snapshot.batches for key in batch.keys]
-        self._state["next_key"] = max(self._state["next_key"], max(keys, default=0) + 1)
+        self._state.next_key = max(self._state.next_key, max(keys, default=0) + 1)
         last_step = max((b.step for b in snapshot.batches if b.delivered), default=0)
-        self._state["current_step"] = max(self._state["current_step"], last_step)
+        self._state.current_step = max(self._state.current_step, last_step)
 
     def _discard_corrupt(self, snapshot: StoreSnapshot) -> None:
         """Forget groups whose stored payload is damaged, with every batch holding one."""
@@ -136,21 +123,17 @@ class Broker:
         snapshot.batches = [b for b in snapshot.batches if b not in broken]
         for key in lost_keys:
             snapshot.batched.pop(key, None)
-        self._count("dropped_corrupt", len(lost_keys))
+        self._state.count("dropped_corrupt", len(lost_keys))
         queued_corrupt = snapshot.corrupt - in_broken
         if broken:
-            self.store.release_batches(broken, self._state)
+            self.store.release_batches(broken, self._state.to_stored())
         if queued_corrupt:
-            self.store.drop_groups(queued_corrupt, self._state)
+            self.store.drop_groups(queued_corrupt, self._state.to_stored())
         logger.error(
             "dropped %d stored group(s) (%d batch(es)) whose payload is damaged, e.g. by a "
             "power loss right after they were written",
             len(lost_keys), len(broken),
         )  # fmt: skip
-
-    def _count(self, name: str, amount: int = 1) -> None:
-        counters = self._state["counters"]
-        counters[name] = counters.get(name, 0) + amount
 
     def _enqueue(self, meta: GroupMeta) -> None:
         self._queue[meta.key] = meta
@@ -169,26 +152,26 @@ class Broker:
         self._sizes[meta.size] -= 1
         return meta
 
-    def _drop(self, keys: Sequence[int], reason: str) -> None:
+    def _drop(self, keys: Sequence[int], reason: str, state: BrokerState) -> None:
         if not keys:
             return
-        self._count(f"dropped_{reason}", len(keys))
-        try:
-            self.store.drop_groups(keys, self._state)
-        except OSError:
-            self._count(f"dropped_{reason}", -len(keys))
-            raise
+        state.count(f"dropped_{reason}", len(keys))
+        self.store.drop_groups(keys, state.to_stored())
         for key in keys:
             self._dequeue(key)
         logger.warning("dropped %d queued group(s): %s", len(keys), reason)
 
     @contextmanager
-    def _storing(self, what: str) -> Iterator[None]:
-        """A store that cannot write (a full disk) becomes a 503 + Retry-After naming ``what``."""
+    def _transaction(self, what: str) -> Iterator[BrokerState]:
+        """A draft of the state for the body to change and hand to the store; it becomes the
+        state only when the body finishes. A store that cannot write (a full disk) leaves the
+        state as it was and becomes a 503 + Retry-After naming ``what``."""
+        draft = self._state.draft()
         try:
-            yield
+            yield draft
         except OSError as err:
             raise self._store_failed(what, err) from err
+        self._state = draft
 
     @property
     def trainer(self) -> TrainerRegistration | None:
@@ -204,11 +187,11 @@ class Broker:
 
     @property
     def counters(self) -> dict[str, int]:
-        return dict(self._state["counters"])
+        return dict(self._state.counters)
 
     @property
     def current_step(self) -> int:
-        return int(self._state["current_step"])
+        return self._state.current_step
 
     def queue_depth_by_env(self) -> dict[int | None, tuple[int, int]]:
         """(groups, sequences) queued per env id."""
@@ -225,10 +208,6 @@ class Broker:
     # -- trainer -------------------------------------------------------------------------
 
     def register_trainer(self, registration: TrainerRegistration) -> int:
-        with self._storing("the registration"):
-            return self._register_trainer(registration)
-
-    def _register_trainer(self, registration: TrainerRegistration) -> int:
         current = self._trainer
         if current is not None and _trainer_identity(current) != _trainer_identity(registration):
             # A second consumer (a data tool such as atropos-sft-gen, a viewer) must not
@@ -239,33 +218,33 @@ class Broker:
                 current.wandb_project, current.wandb_group,
             )  # fmt: skip
             return secrets.randbits(63)
-        self._state["trainer"] = registration.model_dump()
-        self._trainer = registration
-        self._state["trainer_uuid"] = secrets.randbits(63)
-        too_large = [k for k, m in self._queue.items() if m.size > registration.batch_size]
-        self._drop(too_large, "group_too_large")
-        too_long = [k for k, m in self._queue.items() if m.max_len > registration.max_token_len]
-        self._drop(too_long, "too_long")
         start = registration.starting_step
-        released = [step for step in self._batches if step <= start]
-        redeliver = [step for step in self._batches if step > start]
-        self._release(released)
+        with self._transaction("the registration") as state:
+            state.trainer = registration.model_dump()
+            state.trainer_uuid = secrets.randbits(63)
+            too_large = [k for k, m in self._queue.items() if m.size > registration.batch_size]
+            self._drop(too_large, "group_too_large", state)
+            limit = registration.max_token_len
+            self._drop([k for k, m in self._queue.items() if m.max_len > limit], "too_long", state)
+            self._release([step for step in self._batches if step <= start], state)
+            redeliver = [step for step in self._batches if step > start]
+            state.current_step = start
+            self.store.set_delivered(redeliver, False, state.to_stored())
+        self._trainer = registration
         for step in redeliver:
             self._batches[step].delivered = False
-        self._state["current_step"] = start
-        self.store.set_delivered(redeliver, False, self._state)
         logger.info(
             "trainer registered: batch_size=%d max_token_len=%d starting_step=%d, "
             "%d batch(es) to re-deliver",
             registration.batch_size, registration.max_token_len, start, len(redeliver),
         )  # fmt: skip
-        return int(self._state["trainer_uuid"])
+        return int(state.trainer_uuid)
 
-    def _release(self, steps: Sequence[int]) -> bool:
+    def _release(self, steps: Sequence[int], state: BrokerState) -> bool:
         """Forget these batches and their groups, on disk first; False when there were none."""
         if not steps:
             return False
-        self.store.release_batches([self._batches[step] for step in steps], self._state)
+        self.store.release_batches([self._batches[step] for step in steps], state.to_stored())
         for step in steps:
             for key in self._batches.pop(step).keys:
                 self._batched.pop(key, None)
@@ -294,23 +273,25 @@ class Broker:
         order, before anything new. Trainers that do not name it get each batch once.
         """
         trainer = self._require_trainer()
-        if not self._state["started"]:
-            with self._storing("the trainer's start"):
-                self.store.save_state({**self._state, "started": True})
-            self._state["started"] = True
+        if not self._state.started:
+            with self._transaction("the trainer's start") as state:
+                state.started = True
+                self.store.save_state(state.to_stored())
         for step, batch in self._batches.items():
             if not batch.delivered:
-                with self._storing("the delivery"):
-                    self.store.set_delivered([step], True, {**self._state, "current_step": step})
+                with self._transaction("the delivery") as state:
+                    state.current_step = step
+                    self.store.set_delivered([step], True, state.to_stored())
                 batch.delivered = True
-                self._state["current_step"] = step
                 return step, self._load_groups(batch.keys, packed)
             if received is not None and step > received:
                 logger.info("sending batch %d again: the trainer last received %d", step, received)
-                self._count("batches_resent")
+                self._state.count("batches_resent")
                 return step, self._load_groups(batch.keys, packed)
-        with self._storing("the dropping of stale groups"):
-            self._drop_stale(trainer)
+        stale = self._stale_keys(trainer)
+        if stale:
+            with self._transaction("the dropping of stale groups") as state:
+                self._drop(stale, "stale", state)
         if sum(self._env_sequences.values()) < trainer.batch_size:
             return None
         refs = list(self._refs.values())  # arrival order: dicts keep insertion order
@@ -319,19 +300,17 @@ class Broker:
         if keys is None:
             return None
         step = self.current_step + 1
-        counters = Counter(self._state["counters"])
-        counters.update(groups_out=len(keys), sequences_out=trainer.batch_size)
-        state = {
-            **self._state, "current_step": step, "fair_share": self._fair.to_dict(),
-            "counters": dict(counters),
-        }  # fmt: skip
         batch = BatchRecord(step, tuple(keys), delivered=True)
         try:
-            self.store.save_batch(batch, state)
-        except OSError as err:  # e.g. a full disk: the batch was not formed, its groups stay
+            with self._transaction("the batch") as state:
+                state.current_step = step
+                state.fair_share = self._fair.to_dict()
+                state.count("groups_out", len(keys))
+                state.count("sequences_out", trainer.batch_size)
+                self.store.save_batch(batch, state.to_stored())
+        except StoreWriteError:  # e.g. a full disk: the batch was not formed, its groups stay
             self._fair = FairShareState.from_dict(fair_before)
-            raise self._store_failed("the batch", err) from err
-        self._state = state
+            raise
         for key in keys:
             self._batched[key] = self._dequeue(key)
         self._batches[step] = batch
@@ -339,10 +318,13 @@ class Broker:
         if not trainer.acknowledges:
             delivered = [s for s, b in self._batches.items() if b.delivered]
             excess = len(delivered) - self.settings.retain_delivered_batches
+            draft = self._state.draft()
             try:
-                self._release(delivered[: max(0, excess)])
+                self._release(delivered[: max(0, excess)], draft)
             except OSError as err:  # kept on disk: re-delivered after a restart, never lost
                 logger.warning("could not release old batches: %s", err)
+            else:
+                self._state = draft
         return step, groups
 
     def _store_failed(self, what: str, err: OSError) -> StoreWriteError:
@@ -356,27 +338,22 @@ class Broker:
     def _load_groups(self, keys: Sequence[int], packed: bool) -> list[dict[str, Any]]:
         return [decode_group(blob, packed=packed) for blob in self.store.payloads(keys)]
 
-    def _drop_stale(self, trainer: TrainerRegistration) -> None:
+    def _stale_keys(self, trainer: TrainerRegistration) -> list[int]:
         if trainer.max_staleness is None:
-            return
+            return []
         oldest = self.current_step - trainer.max_staleness
-        stale = [
+        return [
             key
             for key, meta in self._queue.items()
             if meta.policy_version is not None and meta.policy_version < oldest
         ]
-        self._drop(stale, "stale")
 
     def ack(self, step: int) -> int:
         self._require_trainer()
-        previous = self._state["acked_step"]
-        self._state["acked_step"] = max(step, previous or 0)
-        try:
-            if not self._release([s for s in self._batches if s <= step]):
-                self.store.save_state(self._state)
-        except OSError as err:
-            self._state["acked_step"] = previous
-            raise self._store_failed("the acknowledgement", err) from err
+        with self._transaction("the acknowledgement") as state:
+            state.acked_step = max(step, state.acked_step or 0)
+            if not self._release([s for s in self._batches if s <= step], state):
+                self.store.save_state(state.to_stored())
         return step
 
     # -- environments --------------------------------------------------------------------
@@ -385,12 +362,14 @@ class Broker:
         self, registration: EnvRegistration
     ) -> EnvRegistrationResponse | WaitForTrainerResponse:
         trainer = self.trainer
-        if trainer is None or not self._state["started"]:
+        if trainer is None or not self._state.started:
             return WaitForTrainerResponse()
-        env = self._envs.register(registration)
-        self._state["envs"] = self._envs.to_state()
-        with self._storing("the registration"):
-            self.store.save_state(self._state)
+        with self._transaction("the registration") as state:
+            envs = EnvRegistry(state.envs)
+            env = envs.register(registration)
+            state.envs = envs.to_state()
+            self.store.save_state(state.to_stored())
+        self._envs = envs
         return EnvRegistrationResponse(
             env_id=env.env_id,
             wandb_name=env.wandb_name,
@@ -401,10 +380,12 @@ class Broker:
         )
 
     def disconnect_env(self, env_id: int) -> None:
-        self._envs.disconnect(env_id)
-        self._state["envs"] = self._envs.to_state()
-        with self._storing("the disconnection"):
-            self.store.save_state(self._state)
+        with self._transaction("the disconnection") as state:
+            envs = EnvRegistry(state.envs)
+            envs.disconnect(env_id)
+            state.envs = envs.to_state()
+            self.store.save_state(state.to_stored())
+        self._envs = envs
 
     def status(self) -> StatusResponse:
         return StatusResponse(current_step=self.current_step, queue_size=len(self._queue))
@@ -477,26 +458,22 @@ class Broker:
                 continue
             fresh.append((group, blob))
         self._check_room(len(fresh), sum(len(blob) for _, blob in fresh))
-        saved_key, saved_counters = self._state["next_key"], dict(self._state["counters"])
         new: list[NewGroup] = []
-        for group, blob in fresh:
-            key = int(self._state["next_key"])
-            self._state["next_key"] = key + 1
-            meta = GroupMeta(
-                key, group.env_id, group.size, group.tokens, group.max_len, len(blob),
-                group.policy_version,
-            )  # fmt: skip
-            new.append(NewGroup(meta, blob, group.group_id))
-        self._count("groups_in", len(new))
-        self._count("sequences_in", sum(g.meta.size for g in new))
-        self._count("duplicates", duplicates)
-        self._count("dropped_too_long", dropped)
-        if new or duplicates or dropped:
-            try:
-                self.store.add_groups(new, self._state)
-            except OSError as err:  # e.g. a full disk: nothing was stored, the sender retries
-                self._state["next_key"], self._state["counters"] = saved_key, saved_counters
-                raise self._store_failed(f"{len(new)} group(s)", err) from err
+        # a full disk: nothing was stored, nothing counted, the sender retries
+        with self._transaction(f"{len(fresh)} group(s)") as state:
+            for group, blob in fresh:
+                meta = GroupMeta(
+                    state.next_key, group.env_id, group.size, group.tokens, group.max_len,
+                    len(blob), group.policy_version,
+                )  # fmt: skip
+                state.next_key += 1
+                new.append(NewGroup(meta, blob, group.group_id))
+            state.count("groups_in", len(new))
+            state.count("sequences_in", sum(g.meta.size for g in new))
+            state.count("duplicates", duplicates)
+            state.count("dropped_too_long", dropped)
+            if new or duplicates or dropped:
+                self.store.add_groups(new, state.to_stored())
         for stored in new:
             self._enqueue(stored.meta)
             self._remember(stored.blob)
@@ -512,7 +489,7 @@ class Broker:
             message = f"queue holds {self._queued_bytes} bytes (limit {limits.max_queued_bytes})"
         else:
             return
-        self._count("rejected_queue_full", groups)
+        self._state.count("rejected_queue_full", groups)
         raise QueueFullError(
             f"{message}; retry later, the trainer is behind", limits.retry_after_seconds
         )

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from atroposlib.api.packing import EnvShare
+from atroposlib.api.batching import EnvShare
 from atroposlib.errors import UnknownEnvError
 from atroposlib.protocol import EnvRegistration, EnvStatusResponse
 

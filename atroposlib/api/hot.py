@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
 from atroposlib import codec
@@ -24,21 +25,27 @@ from atroposlib.api.broker import Broker
 from atroposlib.api.compression import Gzipper, accepts_gzip
 from atroposlib.api.fastjson import decode_groups
 from atroposlib.api.guard import BrowserGuard
-from atroposlib.api.http import bearer_header_ok, read_body_chunks
+from atroposlib.api.http import read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
+from atroposlib.api.openapi import request_body
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.errors import (
     InvalidGroupError,
-    QueueFullError,
     RequestBodyError,
+    RetryLaterError,
     TrainerNotRegisteredError,
     UnknownEnvError,
 )
-from atroposlib.protocol import MAX_STEP, ScoredDataListResponse, ScoredDataResponse
+from atroposlib.protocol import (
+    MAX_STEP,
+    BatchResponse,
+    ScoredData,
+    ScoredDataListResponse,
+    ScoredDataResponse,
+)
+from atroposlib.web import UNAUTHORIZED_DETAIL, UNAUTHORIZED_HEADERS, bearer_header_ok
 
 logger = logging.getLogger(__name__)
-
-UNAUTHORIZED_DETAIL = "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"
 
 
 @dataclass(slots=True)
@@ -53,7 +60,7 @@ BROKER_ERRORS: dict[type[Exception], int] = {
     InvalidGroupError: 422,
     UnknownEnvError: 404,
     TrainerNotRegisteredError: 409,
-    QueueFullError: 503,
+    RetryLaterError: 503,
     RequestBodyError: 400,  # its own status_code (400 or 413) is used
 }
 """The broker's own errors and their HTTP status; anything else is a 500."""
@@ -65,7 +72,7 @@ def error_answer(err: Exception) -> Answer | None:
     if status is None:
         return None
     detail, headers = str(err), {}
-    if isinstance(err, QueueFullError):
+    if isinstance(err, RetryLaterError):
         headers["Retry-After"] = str(err.retry_after)
     elif isinstance(err, RequestBodyError):
         status, detail = err.status_code, err.message
@@ -78,11 +85,34 @@ def forbidden_answer(reason: str) -> Answer:
 
 def unauthorized_answer() -> Answer:
     body = orjson.dumps({"detail": UNAUTHORIZED_DETAIL})
-    return Answer(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
+    return Answer(401, body, "application/json", dict(UNAUTHORIZED_HEADERS))
 
 
 Handler = Callable[[Mapping[str, str], bytes, str], Coroutine[Any, Any, Answer]]
 """A hot route: (lower-case headers, body, query string) -> answer."""
+
+
+_RECEIVED_QUERY = {
+    "parameters": [
+        {
+            "name": "received", "in": "query", "required": False,
+            "description": "The last step this (acknowledging) trainer received.",
+            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STEP},
+        }
+    ]
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class HotRoute:
+    """A per-group route declared once: the raw ASGI path and the FastAPI route (with its
+    OpenAPI entry: ``openapi_extra`` and ``response_model``) are both built from it."""
+
+    method: str
+    path: str
+    handler: Handler
+    response_model: type[BaseModel]
+    openapi_extra: dict[str, Any]
 
 
 class HotRoutes:
@@ -96,10 +126,19 @@ class HotRoutes:
         self._metrics = metrics
         self._gzipper = Gzipper(minimum_size=1000, gzip_level=settings.gzip_level)
         self.guard = BrowserGuard(settings)
+        self.declared = (
+            HotRoute("GET", "/batch", self.batch, BatchResponse, _RECEIVED_QUERY),
+            HotRoute(
+                "POST", "/scored_data", self.scored_data, ScoredDataResponse,
+                request_body(ScoredData, "One scored group."),
+            ),
+            HotRoute(
+                "POST", "/scored_data_list", self.scored_data_list, ScoredDataListResponse,
+                request_body(list[ScoredData], "Scored groups, queued all or none."),
+            ),
+        )  # fmt: skip
         self.routes: dict[tuple[str, str], Handler] = {
-            ("GET", "/batch"): self.batch,
-            ("POST", "/scored_data"): self.scored_data,
-            ("POST", "/scored_data_list"): self.scored_data_list,
+            (route.method, route.path): route.handler for route in self.declared
         }
 
     # -- the routes ---------------------------------------------------------------------

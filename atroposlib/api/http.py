@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
@@ -106,23 +105,3 @@ def encoded(request: Request, payload: Any, status_code: int = 200) -> Response:
     """Answer in the encoding the client accepts (msgpack when asked, JSON otherwise)."""
     body, media_type = codec.encode(payload, request.headers.get("accept"))
     return Response(body, status_code=status_code, media_type=media_type)
-
-
-def bearer_ok(request: Request, api_key: str) -> bool:
-    return bearer_header_ok(request.headers.get("authorization", ""), api_key)
-
-
-def bearer_header_ok(header: str, api_key: str) -> bool:
-    """``header`` as ASGI servers decode it (latin-1), so any byte compares, none raises."""
-    scheme, _, token = header.partition(" ")
-    wire = token.strip().encode("latin-1", errors="replace")
-    return scheme.lower() == "bearer" and secrets.compare_digest(wire, api_key.encode())
-
-
-def validation_answer(err: RequestValidationError) -> Response:
-    """422 naming each field; the offending input is left out (NaN, bytes, ... are not JSON)."""
-    detail = [
-        {"loc": list(error.get("loc", ())), "msg": str(error.get("msg")), "type": error.get("type")}
-        for error in err.errors()
-    ]
-    return Response(codec.dumps_json({"detail": detail}), 422, media_type="application/json")

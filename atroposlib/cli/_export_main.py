@@ -64,7 +64,7 @@ def _load_decoder(prog: str, name: str) -> Decoder:
 def _source(settings: ExportSettings, prog: str) -> GroupSource:
     if settings.input:
         return FileSource(settings.input)
-    from atroposlib.api.client import TrainerClient
+    from atroposlib.client import TrainerClient
 
     client = TrainerClient(settings.api_url, settings.api_key, encoding="msgpack")
     atexit.register(client.close)

@@ -21,12 +21,17 @@ class RunApiSettings(BrokerSettings, cli_kebab_case=True, cli_prog_name="run-api
 
 
 def _kebab(argv: Sequence[str]) -> list[str]:
-    """Accept --max_queued_groups as well as --max-queued-groups."""
+    """Accept --max_queued_groups (deprecated, with a warning line) as --max-queued-groups."""
     out = []
     for arg in argv:
         if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
             name, sep, value = arg.partition("=")
-            arg = name.replace("_", "-") + sep + value
+            kebab = name.replace("_", "-")
+            sys.stderr.write(
+                f"run-api: warning: {name} is deprecated, use {kebab} "
+                "(the old spelling goes in a later release)\n"
+            )
+            arg = kebab + sep + value
         out.append(arg)
     return out
 

@@ -347,6 +347,16 @@ class BaseEnv(ABC):
         self.checkpoint_interval = answer.checkpoint_interval
         self.broker_num_steps = answer.num_steps
 
+    def attach_runner(
+        self,
+        submit: Callable[[dict[str, Any]], None],
+        on_step: Callable[[int], Awaitable[None]],
+    ) -> None:
+        """``serve`` hands its sender and step hook to the env (``handle_send_to_api`` uses
+        ``submit``; ``env_step_checks`` calls ``on_step`` with the trainer's new step)."""
+        self._submit = submit
+        self._on_step = on_step
+
     def start_tracker(self, *, project: str | None, group: str | None) -> None:
         self.tracker = make_tracker(
             self.config.use_wandb,

@@ -11,27 +11,22 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from atroposlib.envs.modes import MODES
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
 from atroposlib.errors import ConfigError
 from atroposlib.utils.cli import configure_logging, describe, snake_flag
 
 if TYPE_CHECKING:
-    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.served import ServedEnv
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = {
-    "serve": "generate rollouts and send them to the broker (run-api)",
-    "process": "generate groups without a broker: JSONL + HTML report",
-    "evaluate": "run evaluate() once: metrics.json, samples.jsonl, a table",
-}
 
-
-def _usage(env_cls: type[BaseEnv]) -> str:
+def _usage(env_cls: type[ServedEnv]) -> str:
     lines = [f"usage: {sys.argv[0]} {{serve,process,evaluate}} [--help] [options]", ""]
     lines.append(f"CLI for {env_cls.__name__}. Commands:")
-    lines.extend(f"  {name:<9} {text}" for name, text in COMMANDS.items())
+    lines.extend(f"  {name:<9} {mode.summary}" for name, mode in MODES.items())
     return "\n".join(lines)
 
 
@@ -51,13 +46,11 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def parse_settings(
-    env_cls: type[BaseEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
+    env_cls: type[ServedEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
 ) -> EnvCliSettings:
-    from atroposlib.envs.modes import COMMAND_DEFAULTS
-
     defaults = env_cls.config_init()
     model = settings_model(type(defaults[0]), command, teacher=_has_teacher(env_cls))
-    command_defaults = COMMAND_DEFAULTS[command](env_cls)
+    command_defaults = MODES[command].defaults(env_cls)
     try:
         return resolve_settings(model, argv, defaults, command_defaults, environ)
     except SettingsError as exc:
@@ -68,11 +61,11 @@ def parse_settings(
         _fail(str(exc))
 
 
-def _has_teacher(env_cls: type[BaseEnv]) -> bool:
+def _has_teacher(env_cls: type[ServedEnv]) -> bool:
     return hasattr(env_cls, "teacher_config_init")
 
 
-def _teacher_configs(env_cls: type[BaseEnv], settings: EnvCliSettings) -> Any:
+def _teacher_configs(env_cls: type[ServedEnv], settings: EnvCliSettings) -> Any:
     """``--teacher.*`` / YAML ``teacher:`` over ``teacher_config_init()``."""
     given = getattr(settings, "teacher", None)
     default = env_cls.teacher_config_init()  # type: ignore[attr-defined]
@@ -83,7 +76,7 @@ def _teacher_configs(env_cls: type[BaseEnv], settings: EnvCliSettings) -> Any:
     return [APIServerConfig(**{**base_values, **given.model_dump(exclude_unset=True)})]
 
 
-def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
+def build_env(env_cls: type[ServedEnv], settings: EnvCliSettings) -> ServedEnv:
     env_config = settings.env
     if env_config.wandb_name is None and env_cls.name:
         env_config.wandb_name = env_cls.name
@@ -101,25 +94,22 @@ def build_env(env_cls: type[BaseEnv], settings: EnvCliSettings) -> BaseEnv:
     return env_cls(env_config, servers, slurm=settings.slurm, testing=settings.testing)
 
 
-def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
+def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage(env_cls) + "\n")
         raise SystemExit(0 if args else 2)
     command, rest = args[0], args[1:]
-    if command not in COMMANDS:
-        _fail(f"unknown command {command!r}; use one of: serve, process, evaluate")
+    if command not in MODES:
+        _fail(f"unknown command {command!r}; use one of: {', '.join(MODES)}")
     settings = parse_settings(env_cls, command, rest)
     configure_logging(logging.INFO)
-    from atroposlib.envs import modes
-
     try:
         env = build_env(env_cls, settings)
     except ConfigError as exc:
         _fail(str(exc))
-    runner = {"serve": modes.serve, "process": modes.process, "evaluate": modes.evaluate}[command]
     try:
-        asyncio.run(runner(env))
+        asyncio.run(MODES[command].run(env))
     except ConfigError as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(1) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,29 +21,13 @@ from atroposlib.errors import BrokerRejectedError, ConfigError
 from atroposlib.utils.html_report import render_groups_html
 
 if TYPE_CHECKING:
-    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.served import ServedEnv
 
 logger = logging.getLogger(__name__)
 
 
-def _env_name(env_cls: type[BaseEnv]) -> str:
+def _env_name(env_cls: type[ServedEnv]) -> str:
     return env_cls.name or env_cls.__name__
-
-
-COMMAND_DEFAULTS: dict[str, Callable[[type[BaseEnv]], dict[str, Any]]] = {
-    "serve": lambda cls: {},
-    "process": lambda cls: {
-        "total_steps": 2,
-        "ensure_scores_are_not_same": False,
-        "include_messages": True,
-        "use_wandb": False,
-        "data_path_to_save_groups": f"data/{_env_name(cls)}.jsonl",
-    },
-    "evaluate": lambda cls: {
-        "use_wandb": False,
-        "data_dir_to_save_evals": f"eval_results/{_env_name(cls)}",
-    },
-}
 
 
 async def broker_encoding(url: str) -> Literal["msgpack", "json"]:
@@ -56,8 +40,8 @@ async def broker_encoding(url: str) -> Literal["msgpack", "json"]:
     return "msgpack" if answer.status_code in (200, 401) else "json"
 
 
-async def serve(env: BaseEnv) -> None:
-    from atroposlib.api.client import EnvClient
+async def serve(env: ServedEnv) -> None:
+    from atroposlib.client import EnvClient
     from atroposlib.envs.runner import EnvRunner
 
     url, secret = env.config.rollout_server_url, env.config.rollout_server_api_key
@@ -84,7 +68,7 @@ def unauthorized_reason(url: str, sent_a_key: bool) -> str:
     )
 
 
-def _for_report(env: BaseEnv, group: dict[str, Any]) -> dict[str, Any]:
+def _for_report(env: ServedEnv, group: dict[str, Any]) -> dict[str, Any]:
     if group.get("messages") or env.tokenizer_or_none() is None:
         return {"messages": None, **group}
     texts = [env.tokenizer_or_none().decode(tokens) for tokens in group["tokens"]]
@@ -118,7 +102,7 @@ class _ProcessState:
         return self.target - len(self.rows)
 
 
-async def _next_items(env: BaseEnv, state: _ProcessState, want: int) -> list[tuple[int, Any]]:
+async def _next_items(env: ServedEnv, state: _ProcessState, want: int) -> list[tuple[int, Any]]:
     """Items to roll out now: those waiting for another attempt first, then new ones."""
     batch = state.retry[:want]
     del state.retry[:want]
@@ -146,7 +130,7 @@ def _settle(state: _ProcessState, key: int, item: Any, wrote: bool, failure: str
                    ATTEMPTS_PER_ITEM, failure, item)  # fmt: skip
 
 
-async def process(env: BaseEnv) -> list[dict[str, Any]]:
+async def process(env: ServedEnv) -> list[dict[str, Any]]:
     """Write ``total_steps`` groups to JSONL and an HTML report.
 
     Each item gets up to ``ATTEMPTS_PER_ITEM`` rollouts; it stops early when the env has no
@@ -183,12 +167,12 @@ async def process(env: BaseEnv) -> list[dict[str, Any]]:
     return _finish_process(env, state, path)
 
 
-async def _roll_out(env: BaseEnv, item: Any) -> tuple[list[dict[str, Any]], str | None]:
+async def _roll_out(env: ServedEnv, item: Any) -> tuple[list[dict[str, Any]], str | None]:
     groups = await env.run_item(item, max_token_len=-1)
     return groups, env.last_failure
 
 
-def _finish_process(env: BaseEnv, state: _ProcessState, path: Path) -> list[dict[str, Any]]:
+def _finish_process(env: ServedEnv, state: _ProcessState, path: Path) -> list[dict[str, Any]]:
     if not state.rows:
         path.unlink(missing_ok=True)
         raise ProcessFailedError(
@@ -219,7 +203,7 @@ def _progress() -> Progress:
     )
 
 
-async def evaluate(env: BaseEnv) -> dict[str, Any]:
+async def evaluate(env: ServedEnv) -> dict[str, Any]:
     """Run ``evaluate()`` once; write metrics.json / samples.jsonl and print a table."""
     await env.setup()
     started = time.time()
@@ -239,3 +223,38 @@ async def evaluate(env: BaseEnv) -> dict[str, Any]:
         Console().print(f"results in {env.config.data_dir_to_save_evals}")
     await env.server.close()
     return metrics
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One command of an env's CLI: what ``--help`` says, what it runs, and the settings it
+    changes from the env's defaults (the CLI, env vars and YAML still override them)."""
+
+    summary: str
+    run: Callable[[ServedEnv], Coroutine[Any, Any, Any]]
+    defaults: Callable[[type[ServedEnv]], dict[str, Any]]
+
+
+MODES: dict[str, Mode] = {
+    "serve": Mode("generate rollouts and send them to the broker (run-api)", serve, lambda cls: {}),
+    "process": Mode(
+        "generate groups without a broker: JSONL + HTML report",
+        process,
+        lambda cls: {
+            "total_steps": 2,
+            "ensure_scores_are_not_same": False,
+            "include_messages": True,
+            "use_wandb": False,
+            "data_path_to_save_groups": f"data/{_env_name(cls)}.jsonl",
+        },
+    ),
+    "evaluate": Mode(
+        "run evaluate() once: metrics.json, samples.jsonl, a table",
+        evaluate,
+        lambda cls: {
+            "use_wandb": False,
+            "data_dir_to_save_evals": f"eval_results/{_env_name(cls)}",
+        },
+    ),
+}
+"""The commands of ``python my_env.py <command>``, declared once."""

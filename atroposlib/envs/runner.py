@@ -21,8 +21,8 @@ from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError, Confi
 from atroposlib.protocol import EnvRegistration, EnvStatusResponse
 
 if TYPE_CHECKING:
-    from atroposlib.api.client import EnvClient
-    from atroposlib.envs.base import BaseEnv
+    from atroposlib.client import EnvClient
+    from atroposlib.envs.served import ServedEnv
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class EnvRunner:
 
     def __init__(
         self,
-        env: BaseEnv,
+        env: ServedEnv,
         client: EnvClient,
         *,
         spool_path: str | Path | None = None,
@@ -117,8 +117,7 @@ class EnvRunner:
         for group in self.spool.pending.values():  # left over from an earlier run of this env
             group["env_id"] = env.env_id
         self.sender.start()
-        env._submit = self.submit
-        env._on_step = self._on_step
+        env.attach_runner(self.submit, self._on_step)
         try:
             await self._loop()
         finally:

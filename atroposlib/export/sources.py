@@ -53,7 +53,7 @@ class FileSource:
 
 
 class TrainerLike(Protocol):
-    """The calls of ``atroposlib.api.client.TrainerClient`` that the broker source makes."""
+    """The calls of ``atroposlib.client.TrainerClient`` that the broker source makes."""
 
     def register(self, registration: TrainerRegistration) -> int: ...
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,7 +20,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedModel
@@ -41,6 +40,7 @@ from atroposlib.protocol import (
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
+from atroposlib.web import require_bearer, validation_answer
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     chunks = {"/update_weights": (settings.max_weight_chunk_bytes, "--max-weight-chunk-bytes")}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
-    guarded = [Depends(_bearer_check(settings.api_key))]
+    guarded = [Depends(require_bearer(settings.api_key))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)
     app.include_router(control_router, dependencies=guarded)
@@ -92,12 +92,9 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     return app
 
 
-async def _invalid_request(_: Request, error: Exception) -> JSONResponse:
-    """422 naming each bad field; the offending values are not echoed back (a NaN would not
-    encode as JSON, and a huge body should not come back)."""
+async def _invalid_request(_: Request, error: Exception) -> Response:
     assert isinstance(error, RequestValidationError)
-    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
-    return JSONResponse(status_code=422, content={"detail": detail})
+    return validation_answer(error)
 
 
 async def health(request: Request) -> InferenceHealthResponse:
@@ -182,17 +179,3 @@ async def _swap_in(
         message=f"loaded {path} (waited {waited:.2f} s for requests in flight)",
         weight_version=version,
     )
-
-
-def _bearer_check(api_key: str | None) -> Any:
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise HTTPException(
-                status_code=401,
-                detail="authorization: send the header `Authorization: Bearer <api key>`",
-            )
-
-    return check

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -19,6 +18,7 @@ __all__ = [
     "compute_stats",
     "discounted_returns",
     "group_relative_advantages",
+    "grouped_advantages",
     "number",
     "token_level_advantages",
 ]
@@ -29,24 +29,61 @@ BoolVector = np.ndarray
 """Atropos 0.4's alias for boolean numpy vectors."""
 
 
+AdvantageBaseline = Literal["group_mean", "leave_one_out"]
+AdvantageScale = Literal["group", "batch", "none"]
+
+
+def _sample_std(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if values.size > 1 else 0.0
+
+
+def grouped_advantages(
+    groups: Sequence[Sequence[float]],
+    baseline: AdvantageBaseline = "group_mean",
+    std: AdvantageScale = "group",
+    eps: float = 1e-4,
+) -> list[list[float]]:
+    """The one definition of GRPO-style advantages, used by the trainer and by environments.
+
+    ``score - baseline`` (the group mean, or RLOO's mean of the other G-1 scores), divided by
+    ``unbiased std + eps`` of the group (``std="group"``, GRPO), of every score in the batch
+    (``"batch"``), or left unscaled (``"none"``, Dr GRPO).
+
+    >>> grouped_advantages([[1.0, 2.0, 3.0, 6.0]], "leave_one_out", "none")[0][3]
+    4.0
+    >>> [[round(a, 4) for a in group] for group in grouped_advantages([[0.0, 1.0], [5.0]])]
+    [[-0.707, 0.707], [0.0]]
+    """
+    arrays = [np.asarray(scores, dtype=np.float64) for scores in groups]
+    centred = []
+    for scores in arrays:
+        size = scores.size
+        if baseline == "group_mean" or size <= 1:
+            centred.append(scores - scores.mean() if size else scores)
+        else:
+            centred.append(scores - (scores.sum() - scores) / (size - 1))
+    if std == "none":
+        return [c.tolist() for c in centred]
+    if std == "batch":
+        scale = _sample_std(np.concatenate(arrays)) if arrays else 0.0
+        return [(c / (scale + eps)).tolist() for c in centred]
+    return [(c / (_sample_std(s) + eps)).tolist() for s, c in zip(arrays, centred, strict=True)]
+
+
 def group_relative_advantages(
-    scores: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6
+    scores: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-4
 ) -> list[float]:
-    """GRPO advantages: ``(score - mean)``, divided by the group's std when ``normalize_std``.
+    """GRPO advantages of one group, exactly as the trainer computes them: ``score - mean``,
+    divided by the group's unbiased std plus ``eps`` when ``normalize_std``.
 
     >>> [round(a, 4) for a in group_relative_advantages([1.0, 0.0, 1.0, 0.0])]
-    [1.0, -1.0, 1.0, -1.0]
+    [0.8659, -0.8659, 0.8659, -0.8659]
     >>> group_relative_advantages([2.0, 2.0])
     [0.0, 0.0]
     """
     if not scores:
         return []
-    mean = sum(scores) / len(scores)
-    centred = [s - mean for s in scores]
-    if not normalize_std:
-        return centred
-    std = math.sqrt(sum(c * c for c in centred) / len(centred))
-    return [c / (std + eps) if std > eps else 0.0 for c in centred]
+    return grouped_advantages([scores], "group_mean", "group" if normalize_std else "none", eps)[0]
 
 
 def token_level_advantages(

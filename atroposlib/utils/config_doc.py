@@ -50,6 +50,11 @@ HEADER = """\
 
 Generated from the settings models by `python -m atroposlib.utils.config_doc > CONFIG.md`;
 do not edit by hand (a test fails when this file is out of date).
+
+Flag spellings, one per command family: environments take Atropos's `--env.<field>` and
+`--openai.<field>`; `run-api`, `atropos-inference`, `atropos-local` and the tools take
+`--kebab-case` (`run-api` still accepts `--snake_case` for one release, with a deprecation
+line on stderr); the trainer takes `--<field>` as its settings name it.
 """
 
 

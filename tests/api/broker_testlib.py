@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import httpx
 from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore
+from tests.fakes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,12 +67,6 @@ async def in_process(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class BrokerProcess:

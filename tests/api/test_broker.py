@@ -13,7 +13,13 @@ from broker_testlib import env_body, make_group, markers, trainer_body
 from atroposlib.api.broker import Broker
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, MemoryStore, SqliteStore
-from atroposlib.errors import ConfigError, InvalidGroupError, QueueFullError
+from atroposlib.errors import (
+    ConfigError,
+    InvalidGroupError,
+    QueueFullError,
+    RetryLaterError,
+    StoreWriteError,
+)
 from atroposlib.protocol import EnvRegistration, TrainerRegistration
 
 
@@ -254,9 +260,11 @@ def test_a_store_that_cannot_write_answers_retry_later_and_changes_nothing(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "add_groups", disk_full)
-    with pytest.raises(QueueFullError, match="No space left on device") as refused:
+    with pytest.raises(StoreWriteError, match="No space left on device") as refused:
         broker.ingest([make_group(2, marker=20)])
     assert refused.value.retry_after == 7
+    assert isinstance(refused.value, RetryLaterError)  # a 503 with Retry-After, as a full queue
+    assert not isinstance(refused.value, QueueFullError)  # but the queue is not full
     assert broker.counters == counters and broker.status() == status
     monkeypatch.undo()
     broker.ingest([make_group(2, marker=30)])
@@ -276,9 +284,39 @@ def test_a_batch_the_store_cannot_record_is_not_formed(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "save_batch", disk_full)
-    with pytest.raises(QueueFullError, match="cannot store the batch"):
+    with pytest.raises(StoreWriteError, match="cannot store the batch"):
         broker.next_batch()
     assert broker.counters == counters and broker.status() == status
     monkeypatch.undo()
     assert batch_markers(broker) == (1, [10, 11])  # the same groups, in order, step 1
     assert batch_markers(broker) == (2, [20, 21])
+
+
+def test_registrations_and_acks_the_store_cannot_write_change_nothing(
+    store: GroupStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make_broker(store)
+    broker.register_trainer(trainer(batch_size=2, acknowledges=True))
+    broker.ingest([make_group(2, marker=10, env_id=None)])
+    assert broker.next_batch() is not None
+    registration = EnvRegistration.model_validate(env_body())
+    counters = broker.counters
+
+    def disk_full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "save_state", disk_full)
+    monkeypatch.setattr(store, "release_batches", disk_full)
+    with pytest.raises(StoreWriteError, match="registration"):
+        broker.register_env(registration)
+    with pytest.raises(StoreWriteError, match="acknowledgement"):
+        broker.ack(1)
+    with pytest.raises(StoreWriteError, match="registration"):
+        broker.register_trainer(trainer(batch_size=4, acknowledges=True, starting_step=1))
+    assert broker.counters == counters
+    assert broker.trainer is not None and broker.trainer.batch_size == 2
+    monkeypatch.undo()
+    first = broker.register_env(registration)
+    assert getattr(first, "env_id", None) == 0  # the refused registration left no phantom env
+    broker.ack(1)
+    assert broker.current_step == 1

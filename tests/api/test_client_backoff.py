@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from atroposlib.api.client import TrainerClient
+from atroposlib.client import TrainerClient
 from atroposlib.utils.cli import configure_logging
 
 

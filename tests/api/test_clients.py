@@ -8,13 +8,14 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
-from broker_testlib import BrokerProcess, env_body, free_port, make_group, markers, trainer_body
+from broker_testlib import BrokerProcess, env_body, make_group, markers, trainer_body
 
 from atroposlib.api.app import create_app
-from atroposlib.api.client import EnvClient, TrainerClient
 from atroposlib.api.settings import BrokerSettings
+from atroposlib.client import EnvClient, TrainerClient
 from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError
 from atroposlib.protocol import EnvRegistration, ScoredData, TrainerRegistration
+from tests.fakes import free_port
 
 
 async def test_env_client_waits_out_503_and_dedups_its_retries() -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from broker_testlib import BrokerProcess, make_group, markers, trainer_body
 
-from atroposlib.api.client import TrainerClient
+from atroposlib.client import TrainerClient
 from atroposlib.errors import BrokerUnavailableError
 from atroposlib.protocol import TrainerRegistration
 

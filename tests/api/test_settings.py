@@ -26,6 +26,15 @@ def test_cli_over_environment_over_default(monkeypatch: pytest.MonkeyPatch) -> N
     assert parse_settings(["--sync-interval", "0.2"]).sync_interval == 0.2
 
 
+def test_snake_case_flags_still_work_with_a_deprecation_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_settings(["--max_queued_groups=6"]).max_queued_groups == 6
+    assert "--max_queued_groups is deprecated, use --max-queued-groups" in capsys.readouterr().err
+    parse_settings(["--max-queued-groups", "6"])
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from example_trainer.config import LossConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.packing import micro_batch, micro_batch_plan, model_logprobs
+from example_trainer.sequence_packing import micro_batch, micro_batch_plan, model_logprobs
+from tests.fakes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -44,12 +44,6 @@ def child_env() -> dict[str, str]:
         "WANDB_MODE": "offline",
         "TOKENIZERS_PARALLELISM": "false",
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ScriptedServer:

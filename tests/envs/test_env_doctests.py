@@ -30,6 +30,7 @@ MODULES = [
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
+    "atroposlib.web",
     "atroposlib.utils.html_report",
     "atroposlib.utils.cli",
 ]

@@ -16,6 +16,7 @@ from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.spool import Spool
 from atroposlib.errors import ConfigError
 from atroposlib.protocol import EnvStatusResponse
+from tests.fakes import CharTokenizer
 
 
 class ItemEnv(BaseEnv):
@@ -268,23 +269,7 @@ async def test_testing_mode_needs_no_inference_server(tmp_path: Path) -> None:
     out = tmp_path / "groups.jsonl"
     argv = ["--testing", f"--env.data_path_to_save_groups={out}", "--env.total_steps=2"]
     env = build_env(AdditionEnv, parse_settings(AdditionEnv, "process", argv, environ={}))
-    env.tokenizer = FakeTokenizer()
+    env.tokenizer = CharTokenizer()
     groups = await modes.process(env)
     assert len(groups) == 2 and out.exists() and out.with_suffix(".html").exists()
     assert groups[0]["messages"][0][-1]["content"] == "test response 0"
-
-
-class FakeTokenizer:
-    """Enough of a tokenizer for tokenize_for_trainer: one token per character."""
-
-    eos_token_id = 0
-
-    def apply_chat_template(
-        self, chat: list[dict[str, Any]], tokenize: bool = True, add_generation_prompt: bool = False
-    ) -> list[int]:
-        text = "".join(f"<{m['role']}>{m['content']}" for m in chat)
-        text += "<assistant>" if add_generation_prompt else ""
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)

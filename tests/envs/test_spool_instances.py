@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atroposlib.api.client import EnvClient
+from atroposlib.client import EnvClient
 from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.spool import Spool
 

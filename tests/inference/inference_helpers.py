@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.fakes import free_port
 
 SERVED_NAME = "smol"
 SERVER_FLAGS = ("--threads", os.environ.get("ATROPOS_TEST_TORCH_THREADS", "1"))
@@ -24,12 +25,6 @@ class RunningServer:
     process: subprocess.Popen[bytes]
     name: str = SERVED_NAME
     log_path: Path | None = None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(

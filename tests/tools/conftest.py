@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fakes import free_port
 from tests.tools.fixture_groups import DATA, GROUPS_PATH
 
 
@@ -69,12 +69,6 @@ def run_tool(capsys: pytest.CaptureFixture[str]) -> Callable[..., ToolRun]:
         return ToolRun(code, capsys.readouterr().err)
 
     return run
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.tools.conftest import LiveBroker, ToolRun, fixture_groups, free_port, without_env_ids
+from tests.fakes import free_port
+from tests.tools.conftest import LiveBroker, ToolRun, fixture_groups, without_env_ids
 from tests.tools.fixture_groups import DATA
 
 Run = Callable[..., ToolRun]

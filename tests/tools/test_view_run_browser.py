@@ -20,7 +20,8 @@ import psutil
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.tools.conftest import LiveBroker, fixture_groups, free_port, without_env_ids
+from tests.fakes import free_port
+from tests.tools.conftest import LiveBroker, fixture_groups, without_env_ids
 from tests.tools.fixture_groups import GROUPS_PATH
 
 pytestmark = pytest.mark.slow

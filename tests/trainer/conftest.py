@@ -11,7 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from trainer_helpers import FAKE_SERVER, free_port, tiny_llama, wait_healthy
+from trainer_helpers import FAKE_SERVER, tiny_llama, wait_healthy
+
+from tests.fakes import free_port
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import torch
 from trainer_helpers import ListClient, base_args, make_batch, state_dict_of
 
 from example_trainer.config import load_config
-from example_trainer.packing import micro_batch_plan
+from example_trainer.sequence_packing import micro_batch_plan
 from example_trainer.train import train
 
 WORKER = Path(__file__).parent / "ddp_worker.py"

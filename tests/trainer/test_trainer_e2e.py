@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainer_helpers import base_args, make_batch, state_dict_of
 
-from atroposlib.api.client import Batch, TrainerClient
+from atroposlib.client import Batch, TrainerClient
 from example_trainer.config import load_config
 from example_trainer.train import train
 

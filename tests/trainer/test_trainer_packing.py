@@ -24,7 +24,7 @@ from example_trainer.data import (
     shard_plan,
 )
 from example_trainer.loss import BatchTotals, LossInputs, grpo_loss
-from example_trainer.packing import (
+from example_trainer.sequence_packing import (
     collate_packed,
     model_logprobs,
     packed_costs,

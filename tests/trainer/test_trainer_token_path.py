@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from trainer_helpers import ListClient, base_args, fixed
 
-from atroposlib.api.client import Batch, TrainerClient
+from atroposlib.client import Batch, TrainerClient
 from example_trainer.config import load_config
 from example_trainer.train import train
 

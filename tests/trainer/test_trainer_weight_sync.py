@@ -13,12 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from trainer_helpers import FAKE_SERVER, ListClient, base_args, fixed, free_port, make_batch
+from trainer_helpers import FAKE_SERVER, ListClient, base_args, fixed, make_batch
 
 from example_trainer.checkpoint import save_weights
 from example_trainer.config import load_config
 from example_trainer.train import train
 from example_trainer.weight_sync import DiskReload, LoraHotLoad, VllmRestart, make_weight_sync
+from tests.fakes import free_port
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 8]
 

@@ -155,14 +155,6 @@ def base_args(model: Path, save_dir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_healthy(url: str, proc: Any, timeout: float = 120.0) -> None:
     import time
 

@@ -7,31 +7,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from atroposlib.envs.reward_fns.answers import extract_boxed, final_answer
 from atroposlib.envs.reward_fns.registry import registry
 from atroposlib.envs.reward_fns.reward_function import RewardFunction
 
 logger = logging.getLogger(__name__)
 
-_GSM8K_FINAL = re.compile(r"####\s*(.*?)(?:\s*$|\n)")
-_BOXED_FLAT = re.compile(r"\\boxed\{([^}]+)\}")
 _GSM8K_NUMBER = re.compile(r"####\s*([\d\.]+)")
 
 
 def _as_number(text: str) -> float:
     return float(text.replace(",", "").strip())
-
-
-def final_answer(text: str) -> str:
-    """The ``#### x`` answer, else the first ``\\boxed{x}``, else the text itself.
-
-    >>> final_answer("work... #### 1,234"), final_answer(r"so \\boxed{7}"), final_answer("12")
-    ('1,234', '7', '12')
-    """
-    if "####" in text and (match := _GSM8K_FINAL.search(text)):
-        return match.group(1).strip()
-    if "\\boxed{" in text and (match := _BOXED_FLAT.search(text)):
-        return match.group(1).strip()
-    return text
 
 
 def _math_verify_equal(content: str, gold: float | int | str) -> bool | None:
@@ -58,7 +44,7 @@ def _math_verify_equal(content: str, gold: float | int | str) -> bool | None:
 
 
 def verify_answer(content: str, gold: float | int | str, tolerance: float = 1e-6) -> bool:
-    """math-verify first; for a numeric gold answer, the first ``\\boxed{}`` or ``#### x``
+    """math-verify first; for a numeric gold answer, the last ``\\boxed{}`` or ``#### x``
     compared as numbers when math-verify finds nothing.
 
     >>> verify_answer(r"The answer is \\boxed{\\frac{1}{2}}", "0.5")
@@ -73,7 +59,7 @@ def verify_answer(content: str, gold: float | int | str, tolerance: float = 1e-6
         gold_value = float(gold)
     else:
         try:
-            gold_value = _as_number(gold.replace("\\boxed{", "").replace("}", ""))
+            gold_value = _as_number(extract_boxed(gold) or gold)
         except ValueError:
             gold_value = None
     try:
@@ -85,10 +71,10 @@ def verify_answer(content: str, gold: float | int | str, tolerance: float = 1e-6
         return verdict
     if gold_value is None:
         return False
-    boxed = _BOXED_FLAT.findall(content)
+    boxed = extract_boxed(content)
     try:
-        if boxed:
-            return abs(_as_number(boxed[0]) - gold_value) < tolerance
+        if boxed is not None:
+            return abs(_as_number(boxed) - gold_value) < tolerance
         if "####" in content and (match := _GSM8K_NUMBER.search(content)):
             return abs(_as_number(match.group(1)) - gold_value) < tolerance
     except ValueError:

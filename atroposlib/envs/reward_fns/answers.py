@@ -47,6 +47,21 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def final_answer(text: str) -> str:
+    """The ``#### x`` answer, else the last ``\\boxed{x}``, else the text itself.
+
+    >>> final_answer("work... #### 1,234"), final_answer(r"so \\boxed{7}"), final_answer("12")
+    ('1,234', '7', '12')
+    >>> final_answer(r"so \\boxed{\\frac{1}{2}}")
+    '\\\\frac{1}{2}'
+    """
+    marked = _GSM8K_MARK.findall(text)
+    if marked:
+        return str(marked[-1]).strip()
+    boxed = extract_boxed(text)
+    return text if boxed is None else boxed
+
+
 def extract_answer_tag(text: str) -> str | None:
     """The content of the last ``<answer>…</answer>`` outside any ``<think>`` block.
 

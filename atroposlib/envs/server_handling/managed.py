@@ -8,16 +8,26 @@ they are and only the new suffix is tokenized, so multi-turn rollouts are never 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
+from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.protocol import MASK_IGNORE_INDEX
 
-if TYPE_CHECKING:
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+class TokenSampler(Protocol):
+    """What managed mode needs of a ServerManager: token-in/token-out sampling, logprobs."""
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> Sequence[GeneratedSequence]: ...
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]: ...
+
 
 PROMPT_LOGPROB = 1.0
 """Logprob placeholder on prompt positions (an impossible value, so trainers can spot it)."""
@@ -34,7 +44,7 @@ class SequenceNode(BaseModel):
 class ManagedServer:
     """Wraps a ServerManager inside ``async with server.managed_server(tokenizer=...)``."""
 
-    def __init__(self, manager: ServerManager, tokenizer: Any) -> None:
+    def __init__(self, manager: TokenSampler, tokenizer: Any) -> None:
         self.manager = manager
         self.tokenizer = tokenizer
         self.nodes: list[SequenceNode] = []

@@ -214,6 +214,8 @@ def resolve_server_configs(
 
 
 if __name__ == "__main__":
-    from atroposlib.cli.slurm_plan import main
+    # The documented ``python -m atroposlib.envs.server_handling.slurm`` runs the CLI, which
+    # lives above this module (cli -> envs); run it by name so no import points back up.
+    import runpy
 
-    raise SystemExit(main())
+    runpy.run_module("atroposlib.cli.slurm_plan", run_name="__main__", alter_sys=True)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atroposlib.api.packing import (
+from atroposlib.api.batching import (
     EnvShare,
     FairShareState,
     QueuedGroupRef,

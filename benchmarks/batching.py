@@ -1,6 +1,6 @@
 """Time the broker's form_batch on a 20k-group queue across 8 envs (CPU time, 60 calls).
 
-Usage: python benchmarks/packing.py   (from the repo root)
+Usage: python benchmarks/batching.py   (from the repo root)
 """
 
 import random
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from atroposlib.api.packing import EnvShare, FairShareState, QueuedGroupRef, form_batch
+from atroposlib.api.batching import EnvShare, FairShareState, QueuedGroupRef, form_batch
 
 
 def queue(sizes, n=20000, seed=0):
