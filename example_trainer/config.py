@@ -205,6 +205,12 @@ class TrainerConfig(LayeredSettings):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     num_steps: int = Field(100, gt=0, description="Optimizer steps to run.")
+    time_limit_s: float | None = Field(
+        None,
+        gt=0,
+        description="Stop after the step during which this many seconds have passed since the "
+        "trainer started (model loading included); that step is saved and pushed as the last.",
+    )
     seed: int = Field(0, description="Seed for torch, numpy and random.")
     save_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written.")
     save_interval: int = Field(10, gt=0, description="Save (and acknowledge) every N steps.")

@@ -64,8 +64,8 @@ from example_trainer.sequence_packing import (
     student_distill_logprobs,
 )
 from example_trainer.sync_report import WeightSyncError
-from example_trainer.tracking import make_tracker
-from example_trainer.weight_sync import push_weights, sync_for
+from example_trainer.tracking import Tracker, make_tracker
+from example_trainer.weight_sync import WeightSync, push_weights, sync_for
 
 logger = logging.getLogger("example_trainer")
 
@@ -151,7 +151,7 @@ def autocast(cfg: TrainerConfig, device: torch.device) -> contextlib.AbstractCon
 
 
 def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[str, float]]:
-    """Run ``cfg.num_steps`` steps (from the resumed step); returns each step's metrics."""
+    """Run ``cfg.num_steps`` steps (fewer if ``cfg.time_limit_s`` runs out); returns metrics."""
     rank, world, device = init_distributed()
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -205,17 +205,17 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             **loss_metrics(total),
             **throughput_metrics(lengths, costs, time.perf_counter() - t0),
             **data_metrics(stats, lags, step),
+            "train/elapsed_s": time.monotonic() - run.started,
         }
+        final_step = step == cfg.num_steps or out_of_time(cfg, row, step, world)
         history.append(row)
         if rank == 0:
             tracker.log(row, step=step)
             log_step(step, row)
 
         # ---- save + acknowledge, then push weights ----------------------------------------
-        checkpoint = None
-        if step % cfg.save_interval == 0 or step == cfg.num_steps:
-            checkpoint = save_and_ack(cfg, run, step, client, role_baselines, rank, world)
-        if cfg.weight_sync != "none" and step % cfg.sync_interval == 0:
+        checkpoint = save_and_ack(cfg, run, step, client, role_baselines, rank, world, final_step)
+        if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
             metrics, failed = push_to_inference(cfg, run, sync, step, checkpoint, rank, world)
             if rank == 0:
                 tracker.log(metrics, step=step)
@@ -224,11 +224,10 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 raise WeightSyncError(failed)
         if world > 1:
             dist.barrier()
+        if final_step:
+            break
 
-    sync.close()
-    tracker.finish()
-    if rank == 0 and client is not None:
-        client.close()
+    close_all(sync, tracker, client if rank == 0 else None)
     return history
 
 
@@ -248,11 +247,31 @@ class Trainee:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     sharded: bool
+    started: float
+    """``time.monotonic()`` before the model was loaded: the time limit counts from it."""
+
+
+def close_all(sync: WeightSync, tracker: Tracker, client: BatchSource | None) -> None:
+    sync.close()
+    tracker.finish()
+    if client is not None:
+        client.close()
+
+
+def out_of_time(cfg: TrainerConfig, row: dict[str, float], step: int, world: int) -> bool:
+    """Has ``cfg.time_limit_s`` run out by the end of this step? Rank 0's clock decides, so
+    every rank stops at the same step."""
+    over = cfg.time_limit_s is not None and row["train/elapsed_s"] >= cfg.time_limit_s
+    if broadcast(over, world):
+        logger.info("time limit of %.0f s reached after step %d", cfg.time_limit_s, step)
+        return True
+    return False
 
 
 def build_trainee(
     cfg: TrainerConfig, resume_from: Path | None, device: torch.device, world: int
 ) -> Trainee:
+    started = time.monotonic()
     model = load_model(cfg, resume_from, device)
     tokenizer = load_tokenizer(cfg.model)
     ref_model: nn.Module | None = None
@@ -270,7 +289,7 @@ def build_trainee(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    return Trainee(model, ref_model, tokenizer, params, optimizer, scheduler, sharded)
+    return Trainee(model, ref_model, tokenizer, params, optimizer, scheduler, sharded, started)
 
 
 def resume_trainee(run: Trainee, resume_from: Path) -> tuple[int, dict[Any, float]]:
@@ -438,8 +457,12 @@ def save_and_ack(
     role_baselines: dict[Any, float],
     rank: int,
     world: int,
+    final_step: bool,
 ) -> Path | None:
-    """Checkpoint (every rank gathers, rank 0 writes), then tell the broker it is trained."""
+    """Checkpoint (every rank gathers, rank 0 writes), then tell the broker it is trained; only
+    every ``cfg.save_interval`` steps and at the last step (None otherwise)."""
+    if step % cfg.save_interval != 0 and not final_step:
+        return None
     checkpoint = None
     full = gather_full_state(run.model, run.optimizer, run.sharded)  # collective under FSDP
     if rank == 0:

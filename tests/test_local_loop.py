@@ -98,6 +98,20 @@ def test_report_splits_format_from_correctness_and_counts_flips(tmp_path: Path) 
     ]
 
 
+def test_report_takes_partial_format_credit_out_of_correctness(tmp_path: Path) -> None:
+    rollouts = tmp_path / "rollouts.jsonl"
+    chat = [{"role": "user", "content": "1+1"}]
+    replies = ["<answer>2</answer>", "Put it in <answer> tags: 2", "3"]  # credit 1, 0.25, 0
+    messages = [[*chat, {"role": "assistant", "content": r}] for r in replies]
+    group = {"policy_version": 0, "scores": [2.0, 1.25, 0.0], "messages": messages}
+    rollouts.write_text(json.dumps(group) + "\n")
+    (row,) = report.rewards_by_step(rollouts, format_weight=1.0, partial_format=True)
+    assert row.format_rate == pytest.approx(1 / 3)  # exact shape only
+    assert row.correct == pytest.approx(2 / 3)  # 2 of 3 right, partial credit taken out
+    (exact_only,) = report.rewards_by_step(rollouts, format_weight=1.0)
+    assert exact_only.correct == pytest.approx(2.25 / 3)  # the 0.25 counted as correctness
+
+
 def write_eval(folder: Path, samples: list[dict], metrics: dict | None = None) -> None:
     folder.mkdir()
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -143,7 +157,7 @@ def test_held_out_comparison_grades_strict_lenient_format_and_checks_overlap(
     assert (
         "3 distinct problems (0 in the training pool of 900; 1 among the trained prompts)" in text
     )
-    assert "right->wrong 0, wrong->right 1" in text
+    assert "right->wrong 0, wrong->right 1   gain +33.3 pts [+0.0, +100.0] (95 %)" in text
 
 
 def test_envs_that_write_only_a_score_are_graded_by_it(tmp_path: Path) -> None:

@@ -56,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(sys.argv[1:] if argv is None else argv)
     settings.env_script = resolve(settings.env_script)
     settings.env_config = resolve(settings.env_config)
+    settings.trainer_config = resolve(settings.trainer_config)
     for flag, path in (
         ("--env-script", settings.env_script),
         ("--env-config", settings.env_config),
+        ("--trainer-config", settings.trainer_config),
     ):
         if not path.exists():
             exit_with_error(PROG, f"{flag}: {path} does not exist")
@@ -192,8 +194,12 @@ def _write_report(
     started_at: float,
 ) -> None:
     env_config = yaml.safe_load(settings.env_config.read_text()) or {}
-    format_weight = float((env_config.get("env") or {}).get("format_weight", 0.0))
-    rows = report.rewards_by_step(layout.rollouts_file, format_weight)
+    env_section = env_config.get("env") or {}
+    rows = report.rewards_by_step(
+        layout.rollouts_file,
+        float(env_section.get("format_weight", 0.0)),
+        bool(env_section.get("partial_format", False)),
+    )
     comparison = report.compare_evals(
         layout.eval_dir("before"), layout.eval_dir("after"), layout.rollouts_file
     )

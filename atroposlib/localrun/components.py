@@ -75,6 +75,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
     return Component(
         "trainer",
         [sys.executable, "-m", "example_trainer.train",
+         "--config", str(settings.trainer_config),
          "--model", layout.model,
          "--broker_url", layout.broker_url,
          "--batch_size", str(settings.batch_size),
@@ -90,6 +91,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--weight_sync", "disk",
          "--inference_urls", f'["{layout.inference_url}"]',
          "--metrics_file", str(layout.metrics_file),
+         *(["--time_limit_s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior_logprobs", settings.behavior_logprobs,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads)},

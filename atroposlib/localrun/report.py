@@ -19,7 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.reward_fns.format_rewards import (
+    answer_tag_format_credit,
+    answer_tag_format_reward,
+)
+from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gains
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,9 @@ class Accuracy:
     after: float
     right_to_wrong: int
     wrong_to_right: int
+    gain_low: float
+    """Lower end of the 95 % bootstrap interval (over problems) of ``after - before``."""
+    gain_high: float
 
 
 @dataclass(frozen=True)
@@ -54,10 +61,18 @@ class EvalComparison:
     """Held-out questions found among the prompts of ``rollouts.jsonl``."""
 
 
-def rewards_by_step(rollouts: Path, format_weight: float) -> list[StepRewards]:
-    """Mean score, format compliance and correctness of sampled completions, per policy step."""
+def rewards_by_step(
+    rollouts: Path, format_weight: float, partial_format: bool = False
+) -> list[StepRewards]:
+    """Mean score, format compliance and correctness of sampled completions, per policy step.
+
+    Correctness is the score less the format credit the env gave (``format_weight`` times its
+    format reward: partial credit when ``partial_format``, as the env's setting of that name).
+    """
+    credit_of = answer_tag_format_credit(partial_format)
     scores: dict[int, list[float]] = defaultdict(list)
     formats: dict[int, list[float]] = defaultdict(list)
+    credits: dict[int, list[float]] = defaultdict(list)
     if not rollouts.exists():
         return []
     with rollouts.open() as handle:
@@ -69,13 +84,13 @@ def rewards_by_step(rollouts: Path, format_weight: float) -> list[StepRewards]:
                 reply = _last_assistant_text(chat)
                 scores[step].append(float(score))
                 formats[step].append(1.0 if answer_tag_format_reward([reply])[0] > 0 else 0.0)
+                credits[step].append(credit_of([reply])[0])
     rows = []
     for step in sorted(scores):
         mean_score = _mean(scores[step])
-        format_rate = _mean(formats[step])
         rows.append(
-            StepRewards(step, len(scores[step]), mean_score, format_rate,
-                        mean_score - format_weight * format_rate)
+            StepRewards(step, len(scores[step]), mean_score, _mean(formats[step]),
+                        mean_score - format_weight * _mean(credits[step]))
         )  # fmt: skip
     return rows
 
@@ -151,11 +166,14 @@ def _graded(sample: dict[str, Any], grade: str) -> bool:
 
 
 def _accuracy(pairs: list[tuple[bool, bool]]) -> Accuracy:
+    gain = bootstrap_mean(gains([a for a, _ in pairs], [b for _, b in pairs]))
     return Accuracy(
         before=_mean([float(a) for a, _ in pairs]),
         after=_mean([float(b) for _, b in pairs]),
         right_to_wrong=sum(a and not b for a, b in pairs),
         wrong_to_right=sum(b and not a for a, b in pairs),
+        gain_low=gain.low,
+        gain_high=gain.high,
     )
 
 
@@ -248,9 +266,13 @@ def headline(summary: dict[str, Any]) -> list[str]:
         )
         for name, label in (("strict", "strict (format + right)"), ("lenient", "lenient")):
             grade = held_out[name]
+            interval = Interval(
+                grade["after"] - grade["before"], grade["gain_low"], grade["gain_high"], 0.95
+            )
             lines.append(
                 f"  {label:<24} {_percent(grade['before'])} -> {_percent(grade['after'])}"
                 f"   right->wrong {grade['right_to_wrong']}, wrong->right {grade['wrong_to_right']}"
+                f"   gain {interval}"
             )
         lines.append(
             f"  {'format compliance':<24} {_percent(held_out['format_before'])} -> "

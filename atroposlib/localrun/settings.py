@@ -38,11 +38,22 @@ class LocalRunSettings(BaseSettings):
         default=Path("configs/local-cpu-env.yaml"),
         description="YAML config of the environment (its `env:` section).",
     )
+    trainer_config: Path = Field(
+        default=Path("configs/local-cpu-trainer.yaml"),
+        description="YAML config of the trainer (loss, micro-batching); the flags of this "
+        "command (--steps, --batch-size, --lr, ...) override its values.",
+    )
     steps: int = Field(default=40, gt=0, description="Trainer optimizer steps.")
+    minutes: float | None = Field(
+        default=None,
+        gt=0,
+        description="Training budget in wall-clock minutes: the trainer stops after the step "
+        "during which it runs out (--steps still caps the steps).",
+    )
     batch_size: int = Field(default=16, gt=0, description="Sequences per trainer step.")
     group_size: int = Field(default=4, gt=1, description="Completions per prompt.")
     max_token_len: int = Field(default=256, gt=16, description="Longest trained sequence.")
-    lr: float = Field(default=1e-5, gt=0, description="Trainer learning rate.")
+    lr: float = Field(default=2e-5, gt=0, description="Trainer learning rate.")
     eval_size: int = Field(
         default=200,
         ge=0,

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import reasoning_gym
@@ -23,6 +24,7 @@ from reasoning_gym.factory import DATASETS
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.evaluation import gather_with_progress
 from atroposlib.envs.heldout import (
+    Disjointness,
     HeldOutSplit,
     canonical_problem,
     check_disjoint,
@@ -30,7 +32,7 @@ from atroposlib.envs.heldout import (
     training_problems,
 )
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final_number
-from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_reward
+from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_credit
 from atroposlib.envs.reward_fns.graded import grade_answer
 from atroposlib.envs.rollouts import greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -70,6 +72,12 @@ class ReasoningGymConfig(BaseEnvConfig):
         default="", description="Text appended to each question in the user message."
     )
     format_weight: float = Field(default=0.2, ge=0, description="Added for a well-formed reply.")
+    partial_format: bool = Field(
+        default=False,
+        description="Format reward with partial credit on the way to the exact shape (a tag, a "
+        "closed block, the block's share of the reply), for a model that never writes the "
+        "exact shape yet; the exact shape still earns the whole format_weight.",
+    )
     max_completion_tokens: int = Field(default=256, ge=1, description="Tokens per answer.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
     lenient_answers: bool = Field(
@@ -102,11 +110,16 @@ def grade(reply: str, entry: dict, dataset: Any, lenient: bool = False) -> float
 
 
 def score_reply(
-    reply: str, entry: dict, dataset: Any, format_weight: float, lenient: bool = False
+    reply: str,
+    entry: dict,
+    dataset: Any,
+    format_weight: float,
+    lenient: bool = False,
+    partial_format: bool = False,
 ) -> float:
     """Correctness plus the format component."""
     correct = grade(reply, entry, dataset, lenient)
-    return correct + format_weight * answer_tag_format_reward([reply])[0]
+    return correct + format_weight * answer_tag_format_credit(partial_format)([reply])[0]
 
 
 class ReasoningGymEnv(BaseEnv):
@@ -128,35 +141,13 @@ class ReasoningGymEnv(BaseEnv):
             )
         ]
 
-    def make_datasets(self, size: int, seed: int) -> dict[str, Any]:
-        configs = self.config.task_configs
-        return {
-            name: reasoning_gym.create_dataset(name, size=size, seed=seed, **configs.get(name, {}))
-            for name in self.config.tasks
-        }
-
     async def setup(self) -> None:
         """Training stream and held-out set from disjoint slices; refuses to start if they meet."""
-        config, split = self.config, HeldOutSplit(self.config.held_out_fraction)
-        budget = 10 * config.eval_size / (split.fraction or 1.0) + 1_000
-        draws = self.make_datasets(int(4 * config.dataset_size + budget), config.seed)
-        self.train = {
-            name: training_problems(_entries(ds), entry_key, split, config.dataset_size)
-            for name, ds in draws.items()
-        }
-        held_out = self.make_datasets(int(budget), config.seed + 1)
-        self.test = {
-            name: held_out_problems(_entries(ds), entry_key, split, config.eval_size)
-            for name, ds in held_out.items()
-        }
-        self.scorers = draws  # score_answer(answer, entry) of each task
-        self.disjointness = check_disjoint(
-            [entry_key(e) for entries in self.test.values() for e in entries],
-            (entry_key(e) for entries in self.train.values() for e in entries),
-            split.fraction,
-        )
+        problems = build_problems(self.config)
+        self.train, self.test, self.scorers = problems.train, problems.test, problems.scorers
+        self.disjointness = problems.disjointness
         logger.info("held-out check: %s", self.disjointness)
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(self.config.seed)
         self.position = dict.fromkeys(self.train, 0)
 
     async def get_next_item(self) -> Item:
@@ -167,18 +158,19 @@ class ReasoningGymEnv(BaseEnv):
         return {"task": task, "entry": self.train[task][index]}
 
     def prompt(self, question: str) -> list[dict]:
-        user = f"{question} {self.config.instruction}".strip()
-        system = [{"role": "system", "content": self.config.system_prompt}]
-        return [*(system if self.config.system_prompt else []), {"role": "user", "content": user}]
+        return chat_prompt(self.config, question)
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         entry, dataset = item["entry"], self.scorers[item["task"]]
         weight, lenient = self.config.format_weight, self.config.lenient_answers
+        partial = self.config.partial_format
         group = await sample_group(
             self.server,
             self.tokenizer,
             self.prompt(entry["question"]),
-            lambda replies: [score_reply(r, entry, dataset, weight, lenient) for r in replies],
+            lambda replies: [
+                score_reply(r, entry, dataset, weight, lenient, partial) for r in replies
+            ],
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
@@ -214,6 +206,58 @@ class ReasoningGymEnv(BaseEnv):
                 "answer": entry["answer"], "score": score, "problem": entry_key(entry),
                 "strict": graded.strict, "lenient": graded.lenient,
                 "formatted": graded.formatted}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Problems:
+    """The training stream, the held-out set and each task's scorer, from disjoint slices."""
+
+    train: dict[str, list[dict]]
+    test: dict[str, list[dict]]
+    scorers: dict[str, Any]
+    """``score_answer(answer, entry)`` of each task."""
+    disjointness: Disjointness
+
+
+def build_problems(config: ReasoningGymConfig) -> Problems:
+    """What ``setup`` trains and evaluates on (also the TRL side of benchmarks/learning_vs_trl.py).
+
+    Raises ``HeldOutOverlapError`` if a held-out problem is in the training pool.
+    """
+    split = HeldOutSplit(config.held_out_fraction)
+    budget = 10 * config.eval_size / (split.fraction or 1.0) + 1_000
+    draws = make_datasets(config, int(4 * config.dataset_size + budget), config.seed)
+    train = {
+        name: training_problems(_entries(ds), entry_key, split, config.dataset_size)
+        for name, ds in draws.items()
+    }
+    held_out = make_datasets(config, int(budget), config.seed + 1)
+    test = {
+        name: held_out_problems(_entries(ds), entry_key, split, config.eval_size)
+        for name, ds in held_out.items()
+    }
+    disjointness = check_disjoint(
+        [entry_key(e) for entries in test.values() for e in entries],
+        (entry_key(e) for entries in train.values() for e in entries),
+        split.fraction,
+    )
+    return Problems(train, test, draws, disjointness)
+
+
+def make_datasets(config: ReasoningGymConfig, size: int, seed: int) -> dict[str, Any]:
+    return {
+        name: reasoning_gym.create_dataset(
+            name, size=size, seed=seed, **config.task_configs.get(name, {})
+        )
+        for name in config.tasks
+    }
+
+
+def chat_prompt(config: ReasoningGymConfig, question: str) -> list[dict]:
+    """The system message (if any) and the question with the instruction appended."""
+    user = f"{question} {config.instruction}".strip()
+    system = [{"role": "system", "content": config.system_prompt}]
+    return [*(system if config.system_prompt else []), {"role": "user", "content": user}]
 
 
 def entry_key(entry: dict) -> str:

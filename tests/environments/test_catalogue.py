@@ -50,14 +50,15 @@ def test_environment_doctests(name: str) -> None:
 def test_catalogue_rewards_are_registered_and_score_chats() -> None:
     from atroposlib.envs.reward_fns import get_reward, list_rewards
 
-    names = {"gsm8k", "boxed_math", "answer_tag_format", "code_execution", "test_pass_rate",
-             "tool_call_match"}  # fmt: skip
+    names = {"gsm8k", "boxed_math", "answer_tag_format", "answer_tag_partial_format",
+             "code_execution", "test_pass_rate", "tool_call_match"}  # fmt: skip
     assert names <= set(list_rewards())
     chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "\\boxed{4}"}]
     assert get_reward("gsm8k")([chat, "\\boxed{5}"], answer=["#### 4"] * 2) == [1.0, 0.0]
     assert get_reward("boxed_math")([chat], answer=["4"]) == [1.0]
     tagged = [{"role": "assistant", "content": "<answer>4</answer>"}]
     assert get_reward("answer_tag_format")([tagged, chat]) == [1.0, 0.0]
+    assert get_reward("answer_tag_partial_format")([tagged, chat]) == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("name", ENV_FOLDERS)

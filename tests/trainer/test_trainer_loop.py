@@ -203,3 +203,15 @@ def test_sequences_with_nothing_to_train_are_not_computed(tiny_model: Path, tmp_
     assert rows[1]["train/entropy"] == pytest.approx(rows[0]["train/entropy"], rel=1e-6)
     start, grad_error = state_dict_of(tiny_model), gradient_error(rows[0], tiny_model)
     assert_same_first_adamw_step(start, states[0], states[1], 1e-3, grad_error)
+
+
+def test_a_time_limit_stops_after_the_step_it_runs_out_in_and_saves_it(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    args = base_args(tiny_model, tmp_path, "--num_steps", "50", "--save_interval", "100")
+    client = ListClient(fixed(make_batch(seed=21)))
+    history = train(load_config([*args, "--time_limit_s", "1e-6"]), client)
+    assert [row["train/step"] for row in history] == [1.0]  # out of time after step 1
+    assert history[0]["train/elapsed_s"] > 0
+    assert client.acks == [1]  # the last step is saved (and acknowledged) like a final one
+    assert (tmp_path / "step-1").is_dir()

@@ -36,6 +36,7 @@ BUILTIN_REWARDS: dict[str, tuple[str, str]] = {
     "gsm8k": ("math_rewards", "gsm8k_reward"),
     "boxed_math": ("math_rewards", "boxed_math_reward"),
     "answer_tag_format": ("format_rewards", "answer_tag_format_reward"),
+    "answer_tag_partial_format": ("format_rewards", "answer_tag_partial_format_reward"),
     "code_execution": ("code_rewards", "code_execution_reward"),
     "test_pass_rate": ("code_rewards", "pass_rate_reward"),
     "tool_call_match": ("tool_call_rewards", "tool_call_match_reward"),

@@ -1,0 +1,200 @@
+"""What decides benchmarks/learning_vs_trl.py's verdict: the held-out grader, the disjointness of
+every training problem from the held-out set (for both systems), the bootstrap interval, the
+choice of snapshots, and TRL left at its documented learning defaults.
+
+The runs themselves take minutes (``--minutes``); nothing here times anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs.heldout import HeldOutOverlapError
+from atroposlib.localrun.bootstrap import bootstrap_mean, gain_difference, gains
+from benchmarks.learning_systems import Snapshot, SnapshotWatcher, Task, TrlSpec, trl_settings
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return Task.load()
+
+
+# ---- the held-out grader and the shared reward ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "formatted", "strict", "lenient"),
+    [
+        ("<answer>{right}</answer>", True, True, True),
+        ("  <answer> {right} </answer>\n", True, True, True),
+        ("<answer>{wrong}</answer>", True, False, False),
+        ("{a} + {b} = {right}", False, False, True),  # the zero-shot style: right, no format
+        ("The sum is <answer>{right}</answer>.", False, False, True),  # tag inside prose
+        ("{right} <answer>{wrong}</answer>", False, False, False),  # the tag wins
+        ("<answer>{right}</answer><answer>{wrong}</answer>", False, False, False),
+        ("<think>{right}</think><answer>{right}</answer>", True, True, True),
+        ("", False, False, False),
+    ],
+)
+def test_the_held_out_grader(
+    task: Task, reply: str, formatted: bool, strict: bool, lenient: bool
+) -> None:
+    entry = task.held_out[0]
+    a, b = entry["metadata"]["expression"].split(" + ")
+    right = entry["answer"]
+    text = reply.format(right=right, wrong=int(right) + 1, a=a, b=b)
+    graded = task.grade(text, entry)
+    assert (graded.formatted, graded.strict, graded.lenient) == (formatted, strict, lenient)
+
+
+def test_the_reward_is_correctness_plus_partial_format_credit(task: Task) -> None:
+    entry = task.train[0]
+    right, wrong = entry["answer"], str(int(entry["answer"]) + 1)
+    exact_right = task.reward(f"<answer>{right}</answer>", entry)
+    exact_wrong = task.reward(f"<answer>{wrong}</answer>", entry)
+    prose_right = task.reward(f"So: <answer>{right}</answer>", entry)
+    plain_right = task.reward(f"It is {right}", entry)
+    mention = task.reward(f"Put {wrong} in <answer> tags", entry)
+    assert exact_right == pytest.approx(1.0 + task.config.format_weight)
+    assert exact_wrong == pytest.approx(task.config.format_weight)
+    assert plain_right == pytest.approx(1.0)  # lenient: the final number
+    assert exact_right > prose_right > plain_right  # each step toward the shape pays
+    assert 0 < mention < exact_wrong
+
+
+# ---- disjointness ----------------------------------------------------------------------------
+
+
+def test_no_held_out_problem_is_in_the_pool_either_system_trains_on(task: Task) -> None:
+    held_out = {task.key(e) for e in task.held_out}
+    pool = {task.key(e) for e in task.train}  # ours draws from it; TRL's dataset is exactly it
+    assert len(held_out) == len(task.held_out) >= 200
+    assert not held_out & pool
+    swapped = set()
+    for entry in task.held_out:  # a + b and b + a are the same problem
+        a, b = entry["metadata"]["expression"].split(" + ")
+        swapped.add(f"Calculate {b} + {a}.")
+    assert not swapped & {e["question"] for e in task.train}
+    check = task.disjointness
+    assert (check.overlap, check.eval_problems, check.training_pool) == (0, 200, len(pool))
+
+
+def test_a_held_out_set_that_meets_the_training_pool_is_refused(task: Task) -> None:
+    settings = {
+        **task.config.model_dump(),
+        "held_out_fraction": 0.0,
+        "task_configs": {"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1,
+                                              "operators": ["+"]}},
+        "eval_size": 20,
+        "dataset_size": 400,
+    }  # fmt: skip
+    with pytest.raises(HeldOutOverlapError, match="in the training pool"):
+        task.module.build_problems(task.module.ReasoningGymConfig(**settings))
+
+
+# ---- the bootstrap interval ------------------------------------------------------------------
+
+
+def test_a_constant_gain_has_a_zero_width_interval() -> None:
+    interval = bootstrap_mean([1.0] * 50)
+    assert (interval.estimate, interval.low, interval.high) == (1.0, 1.0, 1.0)
+
+
+def test_the_interval_matches_the_normal_approximation_and_is_reproducible() -> None:
+    values = [1.0] * 60 + [0.0] * 140  # p = 0.3 over 200 problems
+    interval = bootstrap_mean(values, resamples=20_000, seed=3)
+    half = 1.96 * math.sqrt(0.3 * 0.7 / 200)
+    assert interval.estimate == pytest.approx(0.3)
+    assert interval.low == pytest.approx(0.3 - half, abs=0.01)
+    assert interval.high == pytest.approx(0.3 + half, abs=0.01)
+    assert bootstrap_mean(values, resamples=20_000, seed=3) == interval
+
+
+def test_balanced_flips_give_an_interval_around_zero() -> None:
+    before = [True] * 20 + [False] * 20 + [True] * 160
+    after = [False] * 20 + [True] * 20 + [True] * 160  # 20 right->wrong, 20 wrong->right
+    interval = bootstrap_mean(gains(before, after))
+    assert interval.estimate == 0.0 and interval.low < 0 < interval.high
+
+
+def test_the_difference_of_gains_is_taken_problem_by_problem() -> None:
+    before = [False, False, True, True]
+    ours = [True, True, True, False]
+    theirs = [False, True, True, True]
+    assert gain_difference(before, ours, theirs) == [1.0, 0.0, 0.0, -1.0]
+    with pytest.raises(ValueError, match="same problems"):
+        gains([True], [True, False])
+    with pytest.raises(ValueError, match="at least one"):
+        bootstrap_mean([])
+
+
+# ---- snapshots and TRL's settings -----------------------------------------------------------
+
+
+def test_snapshots_are_the_first_pushed_weights_after_each_mark(tmp_path: Path) -> None:
+    weights = tmp_path / "checkpoints" / "weights"
+    rows = []
+    for step, elapsed in ((1, 40.0), (2, 70.0), (3, 100.0), (4, 130.0)):
+        (weights / f"step-{step}").mkdir(parents=True)
+        (weights / f"step-{step}" / "model.safetensors").write_text(f"weights {step}")
+        rows += [{"step": step, "train/loss": 0.1, "train/elapsed_s": elapsed},
+                 {"step": step, "sync/seconds": 1.0, "sync/failed": 0}]  # fmt: skip
+    watcher = SnapshotWatcher(tmp_path, [60.0, 90.0])
+    kept: list[Snapshot] = []
+    with (tmp_path / "metrics.jsonl").open("w") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    watcher.poll(kept)
+    assert [s.step for s in kept] == [2]  # 70 s is the first step done after the 60 s mark
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows[4:]))
+    watcher.poll(kept, final=True)
+    assert [(s.step, s.elapsed_s) for s in kept] == [(2, 70.0), (3, 100.0), (4, 130.0)]
+    for step in (2, 3, 4):  # hard links: the trainer pruning its folder cannot take them
+        for file in (weights / f"step-{step}").iterdir():
+            file.unlink()
+        assert (tmp_path / "snapshots" / f"step-{step}" / "model.safetensors").read_text() == (
+            f"weights {step}"
+        )
+
+
+def test_trl_keeps_its_documented_learning_defaults(task: Task, tmp_path: Path) -> None:
+    from trl import GRPOConfig
+
+    spec = TrlSpec(str(tmp_path), "model", 1.0, 0, [], 1)
+    settings = trl_settings(task, spec)
+    config = GRPOConfig(**settings)
+    assert (config.loss_type, config.scale_rewards) == ("dr_grpo", "none")  # the same family
+    assert config.max_completion_length == task.max_tokens
+    defaults = GRPOConfig(output_dir=str(tmp_path / "defaults"), use_cpu=True)
+    for name in ("learning_rate", "num_generations", "per_device_train_batch_size",
+                 "temperature", "epsilon", "beta", "num_iterations", "top_p"):  # fmt: skip
+        assert getattr(config, name) == getattr(defaults, name), name
+
+
+# ---- resuming an evaluation ------------------------------------------------------------------
+
+
+def test_a_model_already_graded_is_read_back_not_generated_again(
+    task: Task, tmp_path: Path
+) -> None:
+    from benchmarks.learning_vs_trl import evaluate
+
+    rows = [{"problem": task.key(e), "strict": i % 2 == 0, "lenient": True, "formatted": i < 3}
+            for i, e in enumerate(task.held_out)]  # fmt: skip
+    (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    missing_model = tmp_path / "no-model"  # generating would fail: nothing is loaded
+    graded = evaluate(task, None, missing_model, tmp_path, 50, 1)
+    assert graded.rate("strict") == 0.5 and graded.rate("formatted") == 3 / 200
+    (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    with pytest.raises(OSError):  # other problems: not trusted, so it tries to generate
+        evaluate(task, None, missing_model, tmp_path, 50, 1)
+
+
+def test_eval_only_needs_the_systems_training_records(tmp_path: Path) -> None:
+    from benchmarks.learning_vs_trl import main
+
+    assert main(["--eval-only", "--run-dir", str(tmp_path), "--only", "trl"]) == 1
