@@ -14,7 +14,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from adapters_testlib import GUESS_SERVER, import_vf_env, write_vf_envs
 from envs_testlib import REPO_ROOT, broker_process, child_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
-from inference_helpers import RunningServer, start_server, stop_server
+from inference_helpers import RunningServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -32,16 +31,6 @@ VERIFIERS_SCRIPT = REPO_ROOT / "environments" / "verifiers_env" / "env.py"
 OPENENV_SCRIPT = REPO_ROOT / "environments" / "openenv_env" / "env.py"
 sys.path.insert(0, str(GUESS_SERVER.parent))
 from guess_server import MAX_GUESSES, step_reward  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def smol(
-    test_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    log = tmp_path_factory.mktemp("smol") / "server.log"
-    server = start_server(test_model_path, child_env(), log, "--threads", "1")
-    yield server
-    stop_server(server)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,10 @@ from atroposlib.envs.reward_fns import CombinedReward, registry
 from atroposlib.utils.tool_call_parser import parse_tool_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
-from inference_helpers import RunningServer, start_server, stop_server
+from inference_helpers import RunningServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 ENVS = Path(__file__).parent / "atropos_style"
-
-
-@pytest.fixture(scope="module")
-def smol(
-    test_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    log = tmp_path_factory.mktemp("smol") / "server.log"
-    server = start_server(test_model_path, child_env(), log, "--threads", "1")
-    yield server
-    stop_server(server)
 
 
 def process(env_file: str, server: RunningServer, tmp: Path, *flags: str) -> list[dict[str, Any]]:
