@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -90,14 +90,19 @@ def training_problems(
 
 
 def held_out_problems(
-    draws: Iterable[Problem], key: Callable[[Problem], str], split: HeldOutSplit, size: int
+    draws: Iterable[Problem],
+    key: Callable[[Problem], str],
+    split: HeldOutSplit,
+    size: int,
+    exclude: Collection[str] = (),
 ) -> list[Problem]:
     """``size`` distinct held-out problems, in draw order; raises if the draws run out first.
 
     With ``fraction=0`` nothing is held out by hash and every distinct draw is taken (the
-    disjointness then rests on ``check_disjoint`` alone).
+    disjointness then rests on ``check_disjoint`` alone). Keys in ``exclude`` (e.g. problems
+    shown as worked examples in the prompt) are never chosen.
     """
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     chosen: list[Problem] = []
     draws_read = 0
     for problem in draws:

@@ -12,6 +12,7 @@ Run: ``python environments/reasoning_gym/env.py process --config <folder>/config
 import difflib
 import logging
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -70,6 +71,12 @@ class ReasoningGymConfig(BaseEnvConfig):
     )
     instruction: str = Field(
         default="", description="Text appended to each question in the user message."
+    )
+    examples: list[tuple[str, str]] = Field(
+        default=[],
+        description="Worked examples (question, reply) shown before every question as earlier "
+        "chat turns (few-shot; the instruction is appended to each example question too). "
+        "Their problems are never evaluated and count as seen by the held-out check.",
     )
     format_weight: float = Field(default=0.2, ge=0, description="Added for a well-formed reply.")
     partial_format: bool = Field(
@@ -232,13 +239,14 @@ def build_problems(config: ReasoningGymConfig) -> Problems:
         for name, ds in draws.items()
     }
     held_out = make_datasets(config, int(budget), config.seed + 1)
+    shown = example_keys(config)
     test = {
-        name: held_out_problems(_entries(ds), entry_key, split, config.eval_size)
+        name: held_out_problems(_entries(ds), entry_key, split, config.eval_size, exclude=shown)
         for name, ds in held_out.items()
     }
     disjointness = check_disjoint(
         [entry_key(e) for entries in test.values() for e in entries],
-        (entry_key(e) for entries in train.values() for e in entries),
+        [*(entry_key(e) for entries in train.values() for e in entries), *shown],
         split.fraction,
     )
     return Problems(train, test, draws, disjointness)
@@ -254,10 +262,31 @@ def make_datasets(config: ReasoningGymConfig, size: int, seed: int) -> dict[str,
 
 
 def chat_prompt(config: ReasoningGymConfig, question: str) -> list[dict]:
-    """The system message (if any) and the question with the instruction appended."""
-    user = f"{question} {config.instruction}".strip()
-    system = [{"role": "system", "content": config.system_prompt}]
-    return [*(system if config.system_prompt else []), {"role": "user", "content": user}]
+    """The system message (if any), the worked examples as earlier turns, and the question,
+    each question with the instruction appended."""
+    messages = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+    for example_question, example_reply in config.examples:
+        messages.append(
+            {"role": "user", "content": f"{example_question} {config.instruction}".strip()}
+        )
+        messages.append({"role": "assistant", "content": example_reply})
+    messages.append({"role": "user", "content": f"{question} {config.instruction}".strip()})
+    return messages
+
+
+_EXPRESSION = re.compile(r"\d+(?:\s*[-+*/]\s*\d+)+")
+
+
+def example_keys(config: ReasoningGymConfig) -> set[str]:
+    """The problem keys of the worked examples, as ``entry_key`` would name them in each task
+    (an arithmetic expression in the question text stands in for the generator's metadata)."""
+    keys = set()
+    for question, _ in config.examples:
+        expression = _EXPRESSION.search(question)
+        metadata = {"expression": expression.group()} if expression else {}
+        problem = canonical_problem(question, metadata)
+        keys.update(f"{task}:{problem}" for task in config.tasks)
+    return keys
 
 
 def entry_key(entry: dict) -> str:

@@ -51,19 +51,33 @@ def test_the_held_out_grader(
     assert (graded.formatted, graded.strict, graded.lenient) == (formatted, strict, lenient)
 
 
-def test_the_reward_is_correctness_plus_partial_format_credit(task: Task) -> None:
+def test_the_reward_is_tagged_correctness_plus_exact_format(task: Task) -> None:
     entry = task.train[0]
+    a, b = entry["metadata"]["expression"].split(" + ")
     right, wrong = entry["answer"], str(int(entry["answer"]) + 1)
-    exact_right = task.reward(f"<answer>{right}</answer>", entry)
-    exact_wrong = task.reward(f"<answer>{wrong}</answer>", entry)
-    prose_right = task.reward(f"So: <answer>{right}</answer>", entry)
-    plain_right = task.reward(f"It is {right}", entry)
-    mention = task.reward(f"Put {wrong} in <answer> tags", entry)
-    assert exact_right == pytest.approx(1.0 + task.config.format_weight)
-    assert exact_wrong == pytest.approx(task.config.format_weight)
-    assert plain_right == pytest.approx(1.0)  # lenient: the final number
-    assert exact_right > prose_right > plain_right  # each step toward the shape pays
-    assert 0 < mention < exact_wrong
+    weight = task.config.format_weight
+    assert weight > 0
+    rewards = {
+        "exact right": (f"<answer>{right}</answer>", 1.0 + weight),
+        "worked right": (f"<think>{a} + {b} = {right}</think>\n<answer>{right}</answer>", 1 + weight),
+        "exact wrong": (f"<answer>{wrong}</answer>", weight),
+        "tag in prose": (f"So: <answer>{right}</answer>", 1.0),
+        "no tag": (f"<think>{a} + {b} = {right}</think>", 0.0),  # right, but not where asked
+        "plain": (f"It is {right}", 0.0),
+        "tag spam": (f"Put {right} in <answer> <answer>: tags", 0.0),  # no partial credit to game
+    }
+    for name, (reply, expected) in rewards.items():
+        assert task.reward(reply, entry) == pytest.approx(expected), name
+
+
+def test_the_prompt_shows_the_worked_examples_before_the_question(task: Task) -> None:
+    entry = task.held_out[0]
+    messages = task.prompt(entry)
+    assert len(task.config.examples) == 2
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 2 + ["user"]
+    assert messages[-1]["content"].startswith(entry["question"])
+    for message in messages[1:-1:2]:  # each example reply has the exact shape the grader wants
+        assert task.grade(message["content"], {"answer": "0", **entry}).formatted
 
 
 # ---- disjointness ----------------------------------------------------------------------------
@@ -79,8 +93,21 @@ def test_no_held_out_problem_is_in_the_pool_either_system_trains_on(task: Task) 
         a, b = entry["metadata"]["expression"].split(" + ")
         swapped.add(f"Calculate {b} + {a}.")
     assert not swapped & {e["question"] for e in task.train}
+    shown = task.module.example_keys(task.config)  # the prompt's worked examples count as seen
+    assert len(shown) == len(task.config.examples) and not held_out & shown
     check = task.disjointness
-    assert (check.overlap, check.eval_problems, check.training_pool) == (0, 200, len(pool))
+    assert (check.overlap, check.eval_problems, check.training_pool) == (0, 200, len(pool | shown))
+
+
+def test_a_worked_example_is_never_evaluated_even_if_its_problem_is_held_out(task: Task) -> None:
+    first = task.held_out[0]
+    a, b = first["metadata"]["expression"].split(" + ")
+    example = (f"Calculate {b} + {a}.", f"<answer>{first['answer']}</answer>")  # the same fact
+    config = task.module.ReasoningGymConfig(**{**task.config.model_dump(), "examples": [example]})
+    problems = task.module.build_problems(config)
+    keys = [task.key(e) for e in problems.test["basic_arithmetic"]]
+    assert task.key(first) not in keys and len(keys) == len(set(keys)) == config.eval_size
+    assert task.key(first) in task.module.example_keys(config)
 
 
 def test_a_held_out_set_that_meets_the_training_pool_is_refused(task: Task) -> None:

@@ -68,3 +68,12 @@ def test_an_eval_set_that_meets_the_training_pool_is_refused() -> None:
     held_out = held_out_problems(sums(seed=2, top=10), key, split, 50)
     with pytest.raises(HeldOutOverlapError, match="of 50 evaluation problems are in the training"):
         check_disjoint([key(p) for p in held_out], map(key, train), 0.0)
+
+
+def test_excluded_problems_are_never_chosen_for_evaluation() -> None:
+    split = HeldOutSplit(0.1)
+    plain = held_out_problems(sums(seed=2, top=100), key, split, 50)
+    shown = {key(plain[0]), key(plain[7])}  # e.g. the prompt's worked examples
+    chosen = held_out_problems(sums(seed=2, top=100), key, split, 50, exclude=shown)
+    assert len({key(p) for p in chosen}) == 50
+    assert not shown & {key(p) for p in chosen}
