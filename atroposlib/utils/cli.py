@@ -38,6 +38,27 @@ def snake_flag(loc: Sequence[str]) -> str:
     return "--" + ".".join(loc)
 
 
+def accept_snake_case(prog: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` with old ``--snake_case`` flags spelled ``--kebab-case``, one deprecation line
+    on stderr for each (the hidden aliases of a command that moved to kebab case).
+
+    >>> accept_snake_case("run-api", ["--max-queued-groups=1", "--port", "8000"])
+    ['--max-queued-groups=1', '--port', '8000']
+    """
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
+            name, sep, value = arg.partition("=")
+            kebab = name.replace("_", "-")
+            sys.stderr.write(
+                f"{prog}: warning: {name} is deprecated, use {kebab} "
+                "(the old spelling goes in a later release)\n"
+            )
+            arg = kebab + sep + value
+        out.append(arg)
+    return out
+
+
 def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag) -> str:
     """The first error as ``--field: reason, got 'value'`` (``(+N more)`` when there are more).
 
@@ -54,6 +75,9 @@ def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag)
     ... except ValidationError as err:
     ...     print(describe_validation_error(err))
     --steps: input should be greater than 0, got '-5'
+
+    An unknown key can only come from YAML or a variable (argparse refuses unknown flags), so
+    it is named as written there, not as a flag.
     """
     errors = err.errors()
     given = [e for e in errors if e["type"] != "missing"]
@@ -68,7 +92,8 @@ def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag)
         if first["type"] != "missing" and loc and not isinstance(value, dict | list):
             message += f", got {value!r}"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{flag(loc)}: {message}{more}" if loc else f"{message}{more}"
+    label = ".".join(loc) if first["type"] == "extra_forbidden" else flag(loc)
+    return f"{label}: {message}{more}" if loc else f"{message}{more}"
 
 
 def describe_settings_error(err: SettingsError) -> str:
