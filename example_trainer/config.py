@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from pydantic_settings import SettingsConfigDict, SettingsError
 
 from atroposlib.errors import ConfigError
-from atroposlib.utils.cli import accept_snake_case, describe, settings_cli_source
+from atroposlib.utils.cli import accept_snake_case, describe, model_flags, settings_cli_source
 from atroposlib.utils.yaml_settings import (
     LayeredSettings,
     config_flag,
@@ -354,7 +354,7 @@ class TrainerConfig(LayeredSettings):
 
 def load_config(argv: list[str] | None = None, **overrides: Any) -> TrainerConfig:
     """Parse ``argv`` (never sys.argv implicitly) with env vars and ``--config`` YAML."""
-    args = accept_snake_case("atropos-grpo", argv or [])
+    args = accept_snake_case("atropos-grpo", argv or [], model_flags(TrainerConfig))
     yaml_file = config_flag(args)
     try:
         with yaml_layer(read_yaml_config(yaml_file) if yaml_file else None):

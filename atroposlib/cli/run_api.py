@@ -15,6 +15,7 @@ from atroposlib.utils.cli import (
     accept_snake_case,
     describe,
     exit_with_error,
+    model_flags,
     settings_cli_source,
 )
 
@@ -26,7 +27,8 @@ class RunApiSettings(BrokerSettings, cli_kebab_case=True, cli_prog_name="run-api
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
-    args = accept_snake_case("run-api", sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = accept_snake_case("run-api", given, model_flags(RunApiSettings))
     try:
         source = settings_cli_source(RunApiSettings, args, "run-api", cli_kebab_case=True)
         return CliApp.run(RunApiSettings, cli_args=args, cli_settings_source=source)

@@ -156,7 +156,7 @@ def test_keep_mode_updates_weights_under_rollouts_and_the_trainer_sees_their_ver
         "--weight-sync", "embedded", "--inference-urls", url, "--sync-pause", "keep",
         "--sync-verify", "checksum", "--sync-chunk-mb", "64",
         "--loss.behavior-logprobs", "inference", "--loss.is-correction", "tis",
-        "--loss.is-cap", "2", "--loss.mask-zero-variance-groups",
+        "--loss.is-cap", "2", "--no-loss.mask-zero-variance-groups",
     )  # fmt: skip
     history = train(load_config(args), ListClient(batches))
     group = rollouts.finish()

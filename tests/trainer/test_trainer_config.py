@@ -94,6 +94,10 @@ def test_old_snake_case_flags_still_work_with_one_deprecation_line_each(
     ]
     assert load_config(["--broker-url", "http://new:8000"]).broker_url == "http://new:8000"
     assert capsys.readouterr().err == ""
+    # a flag that never existed is refused as typed, without a deprecation line
+    with pytest.raises(ConfigError, match="unrecognized arguments: --loss.clip_eps_hi"):
+        load_config(["--loss.clip_eps_hi", "0.3"])
+    assert capsys.readouterr().err == ""
 
 
 def test_help_shows_only_the_kebab_spelling(subprocess_env: dict[str, str]) -> None:

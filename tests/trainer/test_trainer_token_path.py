@@ -82,7 +82,7 @@ def test_truncated_replies_are_masked_and_the_ratio_is_one_at_step_zero(
     results = {}
     for correction in ("tis", "mask"):
         args = base_args(test_model_path, tmp_path / correction, *common)
-        args += ["--loss.is-correction", correction, "--loss.mask-zero-variance-groups"]
+        args += ["--loss.is-correction", correction, "--no-loss.mask-zero-variance-groups"]
         [results[correction]] = train(load_config(args), ListClient(fixed(groups)))
     assert results["tis"]["train/truncated_masked"] == 0
     assert abs(results["tis"]["train/is_weight"] - 1.0) <= 1e-4
