@@ -95,7 +95,7 @@ def test_old_snake_case_flags_still_work_with_one_deprecation_line_each(
     assert load_config(["--broker-url", "http://new:8000"]).broker_url == "http://new:8000"
     assert capsys.readouterr().err == ""
     # a flag that never existed is refused as typed, without a deprecation line
-    with pytest.raises(ConfigError, match="unrecognized arguments: --loss.clip_eps_hi"):
+    with pytest.raises(ConfigError, match=r"unrecognized arguments: --loss\.clip_eps_hi"):
         load_config(["--loss.clip_eps_hi", "0.3"])
     assert capsys.readouterr().err == ""
 
