@@ -1,8 +1,11 @@
 """TrainerConfig: every knob of the GRPO trainer, declared once.
 
 Precedence: command line > environment (``ATROPOS_TRAINER_``, nested with ``__``) > YAML
-(``--config run.yaml``) > defaults. ``load_config(argv)`` is the one entry point; it raises
-``ConfigError`` with a one-line reason for a bad flag or an invariant that does not hold.
+(``--config run.yaml``) > defaults. Flags are ``--kebab-case`` (``--broker-url``,
+``--loss.clip-eps-low``); the old ``--snake_case`` spellings still work for one release, with a
+deprecation line. YAML keys and variables keep the field names (``broker_url:``).
+``load_config(argv)`` is the one entry point; it raises ``ConfigError`` with a one-line reason
+for a bad flag or an invariant that does not hold.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from pydantic_settings import SettingsConfigDict, SettingsError
 
 from atroposlib.errors import ConfigError
-from atroposlib.utils.cli import describe, settings_cli_source, snake_flag
+from atroposlib.utils.cli import accept_snake_case, describe, model_flags, settings_cli_source
 from atroposlib.utils.yaml_settings import (
     LayeredSettings,
     config_flag,
@@ -151,6 +154,7 @@ class TrainerConfig(LayeredSettings):
         env_nested_delimiter="__",
         cli_prog_name="atropos-grpo",
         cli_implicit_flags=True,
+        cli_kebab_case=True,
         extra="forbid",
     )
 
@@ -305,41 +309,41 @@ class TrainerConfig(LayeredSettings):
         if self.weight_sync == "lora" and not self.lora.enabled:
             raise ValueError(
                 "weight_sync=lora hot-loads an adapter, but lora.enabled is false; "
-                "set --lora.enabled or choose --weight_sync disk"
+                "set --lora.enabled or choose --weight-sync disk"
             )
         transports = LIVE_SYNC.get(self.weight_sync)
         if transports is None and self.sync_transport != "auto":
             raise ValueError(
                 f"sync_transport={self.sync_transport} is for the in-flight syncs; set "
-                "--weight_sync embedded, vllm or sglang, or leave --sync_transport auto"
+                "--weight-sync embedded, vllm or sglang, or leave --sync-transport auto"
             )
         if transports is not None and self.sync_transport not in ("auto", *transports):
             raise ValueError(
                 f"weight_sync={self.weight_sync} has no transport {self.sync_transport}; "
-                f"choose --sync_transport from {', '.join(transports)}"
+                f"choose --sync-transport from {', '.join(transports)}"
             )
         if self.weight_sync != "none" and not self.inference_urls:
             raise ValueError(
                 f"weight_sync={self.weight_sync} needs servers to update; set "
-                "--inference_urls '[\"http://host:port\"]' or --weight_sync none"
+                "--inference-urls '[\"http://host:port\"]' or --weight-sync none"
             )
         if self.micro_batch_tokens < self.max_token_len:
             raise ValueError(
                 f"micro_batch_tokens={self.micro_batch_tokens} is below max_token_len="
                 f"{self.max_token_len}, so the longest sequence cannot fit a micro-batch; raise "
-                "--micro_batch_tokens to at least max_token_len"
+                "--micro-batch-tokens to at least max_token_len"
             )
         if self.loss.distill_coef > 0 and self.micro_batching == "packed":
             raise ValueError(
                 "the distillation loss reads the student's whole vocabulary at each position, "
-                "which packed micro-batches do not compute; set --micro_batching bucketed"
+                "which packed micro-batches do not compute; set --micro-batching bucketed"
             )
         if self.warmup_steps >= self.num_steps and self.warmup_steps > 0:
-            raise ValueError("warmup_steps must be below num_steps; lower --warmup_steps")
+            raise ValueError("warmup_steps must be below num_steps; lower --warmup-steps")
         if self.parallel == "fsdp" and self.lora.enabled and self.weight_sync in FULL_SYNC:
             raise ValueError(
                 f"weight_sync={self.weight_sync} needs merged LoRA weights, which are not "
-                "gathered from FSDP shards; use --parallel ddp or --weight_sync lora"
+                "gathered from FSDP shards; use --parallel ddp or --weight-sync lora"
             )
         return self
 
@@ -350,13 +354,13 @@ class TrainerConfig(LayeredSettings):
 
 def load_config(argv: list[str] | None = None, **overrides: Any) -> TrainerConfig:
     """Parse ``argv`` (never sys.argv implicitly) with env vars and ``--config`` YAML."""
-    args = list(argv or [])
+    args = accept_snake_case("atropos-grpo", argv or [], model_flags(TrainerConfig))
     yaml_file = config_flag(args)
     try:
         with yaml_layer(read_yaml_config(yaml_file) if yaml_file else None):
             source = settings_cli_source(
-                TrainerConfig, args, "atropos-grpo", cli_implicit_flags=True
+                TrainerConfig, args, "atropos-grpo", cli_implicit_flags=True, cli_kebab_case=True
             )
             return TrainerConfig(_cli_settings_source=source, **overrides)
     except (ValidationError, SettingsError) as err:
-        raise ConfigError(describe(err, snake_flag)) from err
+        raise ConfigError(describe(err)) from err

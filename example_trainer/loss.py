@@ -24,14 +24,6 @@ from example_trainer.config import LossConfig
 # ---------------------------------------------------------------------------------------
 
 
-def group_baseline(scores: Tensor, kind: str) -> Tensor:
-    """(G,) -> (G,): group mean, or leave-one-out mean of the other G-1 scores (RLOO)."""
-    g = scores.numel()
-    if kind == "group_mean" or g == 1:
-        return scores.mean().expand(g)
-    return (scores.sum() - scores) / (g - 1)
-
-
 def group_advantages(
     groups: Sequence[Tensor], baseline: str, std: str, eps: float = 1e-4
 ) -> list[Tensor]:

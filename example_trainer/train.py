@@ -17,7 +17,7 @@ fails on a server after its retries stops the run with one line naming the serve
 
 Left out: several optimizer steps per batch (PPO epochs), value models.
 
-Run: ``atropos-grpo --model FOLDER --batch_size 8`` or ``torchrun --nproc_per_node 2 -m
+Run: ``atropos-grpo --model FOLDER --batch-size 8`` or ``torchrun --nproc_per_node 2 -m
 example_trainer.train ...``; rank 0 talks to the broker and broadcasts each batch.
 """
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atroposlib.utils.cli import describe_validation_error, one_default
 
@@ -41,8 +41,8 @@ BAD_VALUES = [
      "atropos-local: error: --steps: input should be greater than 0, got '-5'"),
     ("run-api", ["--port", "abc"],
      "run-api: error: --port: input should be a valid integer, got 'abc'"),
-    ("atropos-grpo", ["--num_steps", "abc"],
-     "atropos-grpo: error: --num_steps: input should be a valid integer, got 'abc'"),
+    ("atropos-grpo", ["--num-steps", "abc"],
+     "atropos-grpo: error: --num-steps: input should be a valid integer, got 'abc'"),
     ("atropos-sft-gen", ["out.jsonl", "--group-size", "abc"],
      "atropos-sft-gen: error: --group-size: input should be a valid integer, got 'abc'"),
     ("atropos-dpo-gen", ["out.jsonl", "--num-seqs-to-save", "-1"],
@@ -102,6 +102,8 @@ def test_help_shows_one_default_per_option(subprocess_env: dict[str, str]) -> No
 
 
 class Run(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     steps: int = Field(gt=0)
     name: str
     ratio: float = 0.5
@@ -116,6 +118,8 @@ class Run(BaseModel):
         ({"steps": "x"}, "--steps: input should be a valid integer, got 'x' (+1 more)"),
         ({"steps": 1, "name": "a", "ratio": "half"},
          "--ratio: input should be a valid number, got 'half'"),
+        ({"steps": 1, "name": "a", "max_ratio": 2},  # a YAML key, named as written there
+         "max_ratio: extra inputs are not permitted, got 2"),
     ],
 )  # fmt: skip
 def test_validation_errors_read_flag_reason_value(values: dict, expected: str) -> None:

@@ -26,7 +26,7 @@ def test_short_local_run_trains_syncs_weights_and_cleans_up(
          "--model", str(test_model_path), "--steps", "2", "--batch-size", "8",
          "--group-size", "4", "--eval-size", "4", "--progress-interval-s", "5",
          "--behavior-logprobs", "inference",
-         "--trainer-args", '["--loss.is_correction", "tis"]'],
+         "--trainer-args", '["--loss.is-correction", "tis"]'],
         env=subprocess_env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

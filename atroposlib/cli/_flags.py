@@ -1,10 +1,11 @@
 """Command-line flags generated from a settings class: one declaration, one ``--help``.
 
-Each field becomes ``--kebab-case`` (bool: a switch; list: repeatable); fields named in
-``positional`` become positional arguments. Only the flags actually given are passed to the
-settings class, so its environment variables and defaults fill the rest; values are checked by
-the settings class, not argparse. Every error (unknown flag, bad value, broken invariant) is
-one line on stderr (``atroposlib.utils.cli``'s wording) and exit status 2.
+Each field (or its ``alias``) becomes ``--kebab-case`` (bool: a switch; list: repeatable;
+Literal: one of its choices); fields named in ``positional`` become positional arguments. Only
+the flags actually given are passed to the settings class, so its environment variables and
+defaults fill the rest; values are checked by the settings class (Literal choices by argparse
+too). Every error (unknown flag, bad value, broken invariant) is one line on stderr
+(``atroposlib.utils.cli``'s wording) and exit status 2.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def build_parser(
             optional: dict[str, Any] = {} if info.is_required() else {"nargs": "?", "default": None}
             parser.add_argument(name, help=help_text, **optional)
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + (info.alias or name).replace("_", "-")
         if kind is bool:
             parser.add_argument(flag, dest=name, action="store_true", help=help_text)
         elif is_list:
             parser.add_argument(flag, dest=name, action="append", help=help_text)
+        elif typing.get_origin(kind) is typing.Literal:
+            choices = [str(choice) for choice in typing.get_args(kind)]
+            parser.add_argument(flag, dest=name, choices=choices, help=help_text)
         else:
             metavar = "PATH" if kind is Path else name.upper()
             parser.add_argument(flag, dest=name, metavar=metavar, help=help_text)

@@ -11,7 +11,13 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp, SettingsError
 
 from atroposlib.api.settings import BrokerSettings
-from atroposlib.utils.cli import describe, exit_with_error, settings_cli_source
+from atroposlib.utils.cli import (
+    accept_snake_case,
+    describe,
+    exit_with_error,
+    model_flags,
+    settings_cli_source,
+)
 
 logger = logging.getLogger("atroposlib.api")
 
@@ -20,24 +26,9 @@ class RunApiSettings(BrokerSettings, cli_kebab_case=True, cli_prog_name="run-api
     """Start the atroposlib broker: the queue between environments and the trainer."""
 
 
-def _kebab(argv: Sequence[str]) -> list[str]:
-    """Accept --max_queued_groups (deprecated, with a warning line) as --max-queued-groups."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
-            name, sep, value = arg.partition("=")
-            kebab = name.replace("_", "-")
-            sys.stderr.write(
-                f"run-api: warning: {name} is deprecated, use {kebab} "
-                "(the old spelling goes in a later release)\n"
-            )
-            arg = kebab + sep + value
-        out.append(arg)
-    return out
-
-
 def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
-    args = _kebab(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = accept_snake_case("run-api", given, model_flags(RunApiSettings))
     try:
         source = settings_cli_source(RunApiSettings, args, "run-api", cli_kebab_case=True)
         return CliApp.run(RunApiSettings, cli_args=args, cli_settings_source=source)

@@ -9,17 +9,24 @@ import logging
 import os
 import sys
 
-from atroposlib.cli._flags import OneLineParser
+from pydantic import BaseModel, ConfigDict, Field
+
+from atroposlib.cli._flags import build_parser, parse_settings
 from atroposlib.errors import SandboxError
 from atroposlib.sandbox.isolation import isolation_report
 from atroposlib.sandbox.proof import prove_limits
 
 
+class SandboxCheckSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    as_json: bool = Field(False, alias="json", description="Print the report as JSON.")
+    no_probes: bool = Field(False, description="Skip the hostile probes.")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = OneLineParser(prog="atropos-sandbox-check", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
-    parser.add_argument("--no-probes", action="store_true", help="Skip the hostile probes.")
-    args = parser.parse_args(argv)
+    parser = build_parser(SandboxCheckSettings, "atropos-sandbox-check", __doc__ or "")
+    args = parse_settings(SandboxCheckSettings, parser, argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         report = isolation_report()
@@ -27,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     except SandboxError as error:
         sys.stderr.write(f"error: the sandbox cannot run here: {error}\n")
         raise SystemExit(2) from None
-    if args.json:
+    if args.as_json:
         data = report.model_dump(mode="json")
         data["probes"] = [vars(proof) for proof in proofs]
         print(json.dumps(data, indent=2))

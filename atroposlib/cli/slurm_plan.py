@@ -17,19 +17,21 @@ prints the broker YAML as ``--kebab-flag value`` lines. Errors: one line, exit s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
+from atroposlib.cli._flags import build_parser, parse_settings
 from atroposlib.envs.server_handling.slurm import InferenceServer, plan_from_environ
 from atroposlib.errors import ConfigError
 
+PROG = "python -m atroposlib.cli.slurm_plan"
 _OPTIONS = {  # flag -> the job variable it overrides
     "nodelist": "SLURM_JOB_NODELIST",
     "training_nodes": "NUM_TRAINING_NODES",
@@ -40,31 +42,34 @@ _OPTIONS = {  # flag -> the job variable it overrides
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m atroposlib.cli.slurm_plan",
-        description="Print where a SLURM job's inference servers run (defaults: job variables).",
+class SlurmPlanSettings(BaseModel):
+    """Print where a SLURM job's inference servers run (defaults: job variables)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodelist: str | None = Field(None, description="node list (default $SLURM_JOB_NODELIST)")
+    training_nodes: str | None = Field(
+        None, description="nodes kept for the trainer; 0 shares node 0"
     )
-    parser.add_argument("--nodelist", help="node list (default $SLURM_JOB_NODELIST)")
-    parser.add_argument("--training-nodes", help="nodes kept for the trainer; 0 shares node 0")
-    parser.add_argument("--tp", help="tensor-parallel GPUs per server (default $INFER_TP or 1)")
-    parser.add_argument("--gpus-per-node", help="GPUs per node (default $GPUS_PER_NODE or 8)")
-    parser.add_argument("--port", help="first server port on each node (default 9000)")
-    parser.add_argument("--skip-gpus", help="GPUs left out at the start of each node")
-    parser.add_argument(
-        "--format",
-        choices=["urls", "table", "trainer-urls", "json"],
-        default="urls",
-        help="urls: one /v1 URL a line; table: node port gpus url; trainer-urls: JSON list of "
-        "server roots; json: the whole plan",
+    tp: str | None = Field(
+        None, description="tensor-parallel GPUs per server (default $INFER_TP or 1)"
     )
-    parser.add_argument("--env-config", type=Path, help="environment YAML to copy with servers")
-    parser.add_argument("--out", type=Path, help="where --env-config writes (default stdout)")
-    parser.add_argument("--broker-flags", type=Path, help="broker YAML to print as flags")
-    return parser
+    gpus_per_node: str | None = Field(
+        None, description="GPUs per node (default $GPUS_PER_NODE or 8)"
+    )
+    port: str | None = Field(None, description="first server port on each node (default 9000)")
+    skip_gpus: str | None = Field(None, description="GPUs left out at the start of each node")
+    format: Literal["urls", "table", "trainer-urls", "json"] = Field(
+        "urls",
+        description="urls: one /v1 URL a line; table: node port gpus url; trainer-urls: JSON "
+        "list of server roots; json: the whole plan",
+    )
+    env_config: Path | None = Field(None, description="environment YAML to copy with servers")
+    out: Path | None = Field(None, description="where --env-config writes (default stdout)")
+    broker_flags: Path | None = Field(None, description="broker YAML to print as flags")
 
 
-def job_variables(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+def job_variables(args: SlurmPlanSettings, environ: Mapping[str, str]) -> dict[str, str]:
     values = dict(environ)
     for option, variable in _OPTIONS.items():
         given = getattr(args, option)
@@ -120,7 +125,8 @@ def broker_flags(path: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = build_parser(SlurmPlanSettings, PROG, SlurmPlanSettings.__doc__ or "")
+    args = parse_settings(SlurmPlanSettings, parser, argv)
     try:
         if args.broker_flags is not None:
             sys.stdout.write("".join(f"{flag}\n" for flag in broker_flags(args.broker_flags)))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.envs.evaluation import write_eval_results
 from atroposlib.envs.reward_fns.code_rewards import pass_at_k as _pass_at_k
@@ -103,17 +107,25 @@ class EvalBase(ABC):
         return metrics
 
 
+class EvalRunnerSettings(BaseModel):
+    """Run one evaluation against an OpenAI-compatible inference server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server_url: str = Field(
+        "http://localhost:8000", description="OpenAI-compatible base URL of the inference server."
+    )
+    model_name: str = Field("default", description="Model name to request.")
+
+
 async def eval_runner(eval_env: EvalBase, argv: list[str] | None = None) -> dict[str, float]:
     """``--server-url`` and ``--model-name`` from the command line, then run ``eval_env``."""
-    import argparse
-
+    from atroposlib.cli._flags import build_parser, parse_settings
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--server-url", default="http://localhost:8000",
-                        help="OpenAI-compatible base URL of the inference server.")  # fmt: skip
-    parser.add_argument("--model-name", default="default", help="Model name to request.")
-    args = parser.parse_args(argv)
+    prog = os.path.basename(sys.argv[0])
+    parser = build_parser(EvalRunnerSettings, prog, EvalRunnerSettings.__doc__ or "")
+    args = parse_settings(EvalRunnerSettings, parser, argv)
     manager = ServerManager([APIServerConfig(api_key="dummy", base_url=args.server_url,
                                              model_name=args.model_name or "default",
                                              health_check=False)])  # fmt: skip

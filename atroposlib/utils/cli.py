@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsError
 
 FlagName = Callable[[Sequence[str]], str]
@@ -38,6 +38,51 @@ def snake_flag(loc: Sequence[str]) -> str:
     return "--" + ".".join(loc)
 
 
+def model_flags(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every ``--kebab-case`` flag of ``model`` (nested models dotted, ``--no-`` for switches).
+
+    >>> from pydantic import BaseModel
+    >>> class Run(BaseModel):
+    ...     dry_run: bool = False
+    ...     max_steps: int = 1
+    >>> sorted(model_flags(Run))
+    ['--dry-run', '--max-steps', '--no-dry-run']
+    """
+    flags: set[str] = set()
+    for name, info in model.model_fields.items():
+        kebab = prefix + name.replace("_", "-")
+        flags.add(f"--{kebab}")
+        if info.annotation is bool:
+            flags.add(f"--no-{kebab}")
+        nested = info.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            flags |= model_flags(nested, f"{kebab}.")
+    return flags
+
+
+def accept_snake_case(prog: str, argv: Sequence[str], known: Collection[str]) -> list[str]:
+    """``argv`` with old ``--snake_case`` spellings of ``known`` flags spelled ``--kebab-case``,
+    one deprecation line on stderr for each (the hidden aliases of a command that moved to
+    kebab case). Anything else is left as typed, for the parser to refuse by that name.
+
+    >>> known = {"--max-queued-groups", "--port"}
+    >>> accept_snake_case("run-api", ["--max-queued-groups=1", "--bogus_flag", "--port"], known)
+    ['--max-queued-groups=1', '--bogus_flag', '--port']
+    """
+    out = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        kebab = name.replace("_", "-")
+        if arg.startswith("--") and kebab != name and kebab in known:
+            sys.stderr.write(
+                f"{prog}: warning: {name} is deprecated, use {kebab} "
+                "(the old spelling goes in a later release)\n"
+            )
+            arg = kebab + sep + value
+        out.append(arg)
+    return out
+
+
 def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag) -> str:
     """The first error as ``--field: reason, got 'value'`` (``(+N more)`` when there are more).
 
@@ -54,6 +99,9 @@ def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag)
     ... except ValidationError as err:
     ...     print(describe_validation_error(err))
     --steps: input should be greater than 0, got '-5'
+
+    An unknown key can only come from YAML or a variable (argparse refuses unknown flags), so
+    it is named as written there, not as a flag.
     """
     errors = err.errors()
     given = [e for e in errors if e["type"] != "missing"]
@@ -68,7 +116,8 @@ def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag)
         if first["type"] != "missing" and loc and not isinstance(value, dict | list):
             message += f", got {value!r}"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{flag(loc)}: {message}{more}" if loc else f"{message}{more}"
+    label = ".".join(loc) if first["type"] == "extra_forbidden" else flag(loc)
+    return f"{label}: {message}{more}" if loc else f"{message}{more}"
 
 
 def describe_settings_error(err: SettingsError) -> str:

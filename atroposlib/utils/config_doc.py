@@ -36,7 +36,7 @@ DOCUMENTED_SETTINGS: tuple[tuple[str, str, str], ...] = (
     ("DPO export: `atropos-dpo-gen`", "atroposlib.export.settings:DpoSettings", "--{kebab}"),
     ("Group browser: `view-run`", "atroposlib.cli.view_run:ViewRunSettings", "--{kebab}"),
     ("HTML report: `jsonl2html`", "atroposlib.cli.jsonl2html:Jsonl2HtmlSettings", "--{kebab}"),
-    ("Trainer: `atropos-grpo`", "example_trainer.config:TrainerConfig", "--{name}"),
+    ("Trainer: `atropos-grpo`", "example_trainer.config:TrainerConfig", "--{kebab}"),
     (
         "Inference server: `atropos-inference`",
         "atroposlib.inference.settings:InferenceSettings",
@@ -52,9 +52,12 @@ Generated from the settings models by `python -m atroposlib.utils.config_doc > C
 do not edit by hand (a test fails when this file is out of date).
 
 Flag spellings, one per command family: environments take Atropos's `--env.<field>` and
-`--openai.<field>`; `run-api`, `atropos-inference`, `atropos-local` and the tools take
-`--kebab-case` (`run-api` still accepts `--snake_case` for one release, with a deprecation
-line on stderr); the trainer takes `--<field>` as its settings name it.
+`--openai.<field>`; our own commands (`run-api`, `atropos-grpo`, `atropos-inference`,
+`atropos-local` and the tools) take `--kebab-case`, nested settings `--loss.clip-eps-low`.
+`run-api` and `atropos-grpo` still accept their old `--snake_case` spellings for one release,
+with a deprecation line on stderr. YAML keys and environment variables keep the field names
+(`broker_url:`, `ATROPOS_TRAINER_BROKER_URL`). The broker's URL is `--broker-url` on the
+trainer; Atropos's own names for it stay: `--env.rollout_server_url` and the tools' `--api-url`.
 """
 
 

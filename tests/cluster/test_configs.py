@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 # Env YAMLs not named env-<name>.yaml say here which environment they configure.
 ENV_SCRIPT_OF = {"local-cpu-env.yaml": "environments/reasoning_gym/env.py"}
-TRAINER_URLS = ["--inference_urls", '["http://placeholder:9000"]']  # the sbatch script adds them
+TRAINER_URLS = ["--inference-urls", '["http://placeholder:9000"]']  # the sbatch script adds them
 
 
 def kind_of(path: Path) -> str:

@@ -157,9 +157,9 @@ def test_multi_node_places_broker_servers_trainer_and_envs(tmp_path: Path) -> No
     assert "--nodelist=gpu001" in trainer and "torch.distributed.run" in trainer
     assert value_after(trainer, "--nproc-per-node") == "8"
     assert value_after(trainer, "--rdzv-endpoint") == "gpu001:29500"
-    urls = json.loads(value_after(trainer, "--inference_urls"))
+    urls = json.loads(value_after(trainer, "--inference-urls"))
     assert len(urls) == 12 and urls[0] == "http://gpu002:9000" and urls[-1] == "http://gpu004:9003"
-    assert value_after(trainer, "--broker_url") == "http://gpu001:8000"
+    assert value_after(trainer, "--broker-url") == "http://gpu001:8000"
     env = job.launched("env-math")[0]
     assert "--nodelist=gpu001" in env and value_after(env, "--env.tokenizer_name") == "org/model"
     generated = yaml.safe_load((job.root / value_after(env, "--config")).read_text())
@@ -180,7 +180,7 @@ def test_one_gpu_run_shares_the_node_and_lets_the_trainer_own_vllm(tmp_path: Pat
     assert job.names() == ["broker", "env-gsm8k", "trainer"]
     trainer = job.launched("trainer")[0]
     assert "torch.distributed.run" not in trainer and "CUDA_VISIBLE_DEVICES=0" in trainer
-    assert value_after(trainer, "--inference_urls") == '["http://n1:9000"]'
+    assert value_after(trainer, "--inference-urls") == '["http://n1:9000"]'
     assert value_after(trainer, "--config") == "configs/gsm8k-1gpu/trainer.yaml"
     assert "waiting for trainer at http://n1:9000/health" in job.output
 

@@ -169,3 +169,25 @@ def test_module_entry_point_runs_as_a_process() -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr  # no usage dump
+
+
+def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        slurm_plan.main(["--help"], environ={})
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    flags = [
+        "--nodelist",
+        "--training-nodes",
+        "--tp",
+        "--gpus-per-node",
+        "--port",
+        "--skip-gpus",
+        "--format {urls,table,trainer-urls,json}",
+        "--env-config",
+        "--out",
+        "--broker-flags",
+    ]
+    assert [flag for flag in flags if flag not in out] == []
+    assert "(default $SLURM_JOB_NODELIST)" in out

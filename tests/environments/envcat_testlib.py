@@ -304,8 +304,8 @@ async def roll_out(
 
 def trainer_deltas(groups: list[dict[str, Any]], model: Any) -> tuple[float, dict[str, float]]:
     """Max |trainer - inference| logprob over trained tokens, and the loss's IS metrics."""
-    cfg = load_config(["--model", "unused", "--batch_size", "64", "--max_token_len", "4096",
-                       "--micro_batch_tokens", "8192"])  # fmt: skip
+    cfg = load_config(["--model", "unused", "--batch-size", "64", "--max-token-len", "4096",
+                       "--micro-batch-tokens", "8192"])  # fmt: skip
     loss_cfg = LossConfig(
         behavior_logprobs="inference", is_correction="tis", mask_zero_variance_groups=False
     )

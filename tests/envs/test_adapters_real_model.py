@@ -149,9 +149,9 @@ def test_serve_with_the_broker_and_the_trainer(
     try:
         trainer = spawn("trainer", [
             sys.executable, "-m", "example_trainer.train", "--model", str(smol.model_path),
-            "--broker_url", broker.url, "--batch_size", "4", "--max_token_len", "512",
-            "--micro_batch_tokens", "512", "--num_steps", str(steps), "--weight_sync", "none",
-            "--save_dir", str(tmp_path / "ckpt"), "--metrics_file", str(tmp_path / "metrics.jsonl"),
+            "--broker-url", broker.url, "--batch-size", "4", "--max-token-len", "512",
+            "--micro-batch-tokens", "512", "--num-steps", str(steps), "--weight-sync", "none",
+            "--save-dir", str(tmp_path / "ckpt"), "--metrics-file", str(tmp_path / "metrics.jsonl"),
         ], {**child_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
         wait_for(lambda: httpx.get(f"{broker.url}/info").json().get("batch_size", -1) > 0, 180,
                  "the trainer to register")  # fmt: skip

@@ -18,7 +18,7 @@ from example_trainer.train import train
 
 def main() -> None:
     model, save_dir, steps, *extra = Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:]
-    args = base_args(model, save_dir, "--num_steps", steps, "--save_interval", "1", *extra)
+    args = base_args(model, save_dir, "--num-steps", steps, "--save-interval", "1", *extra)
     cfg = load_config(args)
     client = ListClient(lambda step: make_batch(seed=200 + step))
     train(cfg, client if int(os.environ.get("RANK", "0")) == 0 else None)

@@ -151,12 +151,12 @@ def test_keep_mode_updates_weights_under_rollouts_and_the_trainer_sees_their_ver
         return [rollouts.finish().model_dump(mode="json")]
 
     args = base_args(
-        test_model_path, tmp_path / "run", "--num_steps", "2", "--save_interval", "1",
-        "--max_token_len", "256", "--micro_batch_tokens", "512",
-        "--weight_sync", "embedded", "--inference_urls", url, "--sync_pause", "keep",
-        "--sync_verify", "checksum", "--sync_chunk_mb", "64",
-        "--loss.behavior_logprobs", "inference", "--loss.is_correction", "tis",
-        "--loss.is_cap", "2", "--no-loss.mask_zero_variance_groups",
+        test_model_path, tmp_path / "run", "--num-steps", "2", "--save-interval", "1",
+        "--max-token-len", "256", "--micro-batch-tokens", "512",
+        "--weight-sync", "embedded", "--inference-urls", url, "--sync-pause", "keep",
+        "--sync-verify", "checksum", "--sync-chunk-mb", "64",
+        "--loss.behavior-logprobs", "inference", "--loss.is-correction", "tis",
+        "--loss.is-cap", "2", "--no-loss.mask-zero-variance-groups",
     )  # fmt: skip
     history = train(load_config(args), ListClient(batches))
     group = rollouts.finish()

@@ -97,9 +97,9 @@ def test_the_trainer_cli_stops_with_one_line_naming_the_server(
     not_inference = broker  # answers 404 to the weight-transfer routes
     command = [
         sys.executable, "-m", "example_trainer.train", "--model", str(test_model_path),
-        "--save_dir", str(tmp_path), "--broker_url", broker, "--batch_size", "8",
-        "--num_steps", "2", "--max_token_len", "64", "--micro_batch_tokens", "96",
-        "--weight_sync", "embedded", "--inference_urls", not_inference, "--sync_retries", "1",
+        "--save-dir", str(tmp_path), "--broker-url", broker, "--batch-size", "8",
+        "--num-steps", "2", "--max-token-len", "64", "--micro-batch-tokens", "96",
+        "--weight-sync", "embedded", "--inference-urls", not_inference, "--sync-retries", "1",
     ]  # fmt: skip
     done = subprocess.run(command, env=subprocess_env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-2000:]

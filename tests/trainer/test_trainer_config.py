@@ -28,7 +28,7 @@ def test_precedence_cli_over_env_over_yaml_over_defaults(
     monkeypatch.setenv("ATROPOS_TRAINER_BATCH_SIZE", "4")
     monkeypatch.setenv("ATROPOS_TRAINER_NUM_STEPS", "9")
     monkeypatch.setenv("ATROPOS_TRAINER_LOSS__KL_COEF", "0.1")
-    cfg = load_config(["--config", str(yaml_file), "--num_steps", "11", "--loss.ratio", "sequence"])
+    cfg = load_config(["--config", str(yaml_file), "--num-steps", "11", "--loss.ratio", "sequence"])
     assert cfg.lr == 0.001  # YAML over default
     assert cfg.batch_size == 4  # env over YAML
     assert cfg.num_steps == 11  # CLI over env
@@ -37,23 +37,23 @@ def test_precedence_cli_over_env_over_yaml_over_defaults(
     assert cfg.max_token_len == TrainerConfig.model_fields["max_token_len"].default
 
 
-URLS = ("--inference_urls", '["http://h:1"]')
+URLS = ("--inference-urls", '["http://h:1"]')
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--weight_sync", "lora", *URLS], "set --lora.enabled"),
-        (["--weight_sync", "disk"], "--inference_urls"),
-        (["--micro_batch_tokens", "100"], "raise --micro_batch_tokens"),
-        (["--loss.is_mask_low", "3"], "widen the bounds"),
-        (["--warmup_steps", "200", "--num_steps", "100"], "lower --warmup_steps"),
+        (["--weight-sync", "lora", *URLS], "set --lora.enabled"),
+        (["--weight-sync", "disk"], "--inference-urls"),
+        (["--micro-batch-tokens", "100"], "raise --micro-batch-tokens"),
+        (["--loss.is-mask-low", "3"], "widen the bounds"),
+        (["--warmup-steps", "200", "--num-steps", "100"], "lower --warmup-steps"),
         (
-            [*("--parallel", "fsdp", "--lora.enabled", "--weight_sync", "disk"), *URLS],
-            "use --parallel ddp or --weight_sync lora",
+            [*("--parallel", "fsdp", "--lora.enabled", "--weight-sync", "disk"), *URLS],
+            "use --parallel ddp or --weight-sync lora",
         ),
         (["--lr", "-1"], "--lr: input should be greater than 0, got '-1'"),
-        (["--num_steps", "abc"], "--num_steps: input should be a valid integer, got 'abc'"),
+        (["--num-steps", "abc"], "--num-steps: input should be a valid integer, got 'abc'"),
         (["--bogus", "1"], "unrecognized arguments: --bogus"),
     ],
 )
@@ -76,6 +76,51 @@ def test_cli_bad_flag_exits_2_with_one_line(subprocess_env: dict[str, str]) -> N
     assert "loss.ratio" in done.stderr and "'token' or 'sequence'" in done.stderr
 
 
+def test_old_snake_case_flags_still_work_with_one_deprecation_line_each(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    old = ["--broker_url", "http://old:8000", "--loss.clip_eps_high=0.28",
+           "--no-trained_logits_only", "--batch-size", "8"]  # fmt: skip
+    cfg = load_config(old)
+    assert cfg.broker_url == "http://old:8000" and cfg.batch_size == 8
+    assert cfg.loss.clip_eps_high == 0.28 and cfg.trained_logits_only is False
+    assert capsys.readouterr().err.splitlines() == [
+        "atropos-grpo: warning: --broker_url is deprecated, use --broker-url "
+        "(the old spelling goes in a later release)",
+        "atropos-grpo: warning: --loss.clip_eps_high is deprecated, use --loss.clip-eps-high "
+        "(the old spelling goes in a later release)",
+        "atropos-grpo: warning: --no-trained_logits_only is deprecated, use "
+        "--no-trained-logits-only (the old spelling goes in a later release)",
+    ]
+    assert load_config(["--broker-url", "http://new:8000"]).broker_url == "http://new:8000"
+    assert capsys.readouterr().err == ""
+    # a flag that never existed is refused as typed, without a deprecation line
+    with pytest.raises(ConfigError, match=r"unrecognized arguments: --loss\.clip_eps_hi"):
+        load_config(["--loss.clip_eps_hi", "0.3"])
+    assert capsys.readouterr().err == ""
+
+
+def test_help_shows_only_the_kebab_spelling(subprocess_env: dict[str, str]) -> None:
+    cmd = [sys.executable, "-m", "example_trainer.train", "--help"]
+    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert "--broker-url" in done.stdout and "--loss.clip-eps-high" in done.stdout
+    assert "--broker_url" not in done.stdout and "clip_eps_high" not in done.stdout
+
+
+def test_cli_old_spelling_with_a_bad_value_warns_then_fails_on_one_line(
+    subprocess_env: dict[str, str],
+) -> None:
+    cmd = [sys.executable, "-m", "example_trainer.train", "--num_steps", "abc"]
+    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "atropos-grpo: warning: --num_steps is deprecated, use --num-steps "
+        "(the old spelling goes in a later release)",
+        "atropos-grpo: error: --num-steps: input should be a valid integer, got 'abc'",
+    ]
+
+
 def test_broker_key_defaults_to_the_shared_key_and_is_never_dumped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -87,7 +132,7 @@ def test_broker_key_defaults_to_the_shared_key_and_is_never_dumped(
     monkeypatch.setenv("ATROPOS_TRAINER_BROKER_API_KEY", "own-key")
     own = load_config([]).broker_api_key
     assert own is not None and own.get_secret_value() == "own-key"
-    flag = load_config(["--broker_api_key", "flag-key"]).broker_api_key
+    flag = load_config(["--broker-api-key", "flag-key"]).broker_api_key
     assert flag is not None and flag.get_secret_value() == "flag-key"
     monkeypatch.delenv("ATROPOS_API_KEY")
     monkeypatch.delenv("ATROPOS_TRAINER_BROKER_API_KEY")

@@ -32,8 +32,8 @@ def test_two_processes_match_one_process(
     parallel: str, tiny_model: Path, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     single = tmp_path / "single"
-    three_rows = ["--micro_batch_tokens", "64"]  # 3 micro-batches: one rank runs a dummy too
-    args = base_args(tiny_model, single, "--num_steps", "2", "--save_interval", "1", *three_rows)
+    three_rows = ["--micro-batch-tokens", "64"]  # 3 micro-batches: one rank runs a dummy too
+    args = base_args(tiny_model, single, "--num-steps", "2", "--save-interval", "1", *three_rows)
     cfg = load_config(args)
     assert cfg.micro_batching == "packed"  # the default is what runs under torchrun too
     for step in (1, 2):

@@ -57,10 +57,10 @@ def test_a_run_keeps_the_last_checkpoint_and_links_the_final_weights(
     fake_server: Callable[..., str], tiny_model: Path, tmp_path: Path
 ) -> None:
     url = fake_server()
-    keep = ["--keep_last_checkpoints", "1", "--keep_last_weights", "1"]
-    sync = ["--weight_sync", "disk", "--inference_urls", f'["{url}"]']
-    args = base_args(tiny_model, tmp_path, "--num_steps", "4", "--save_interval", "2", *keep)
-    args += [*sync, "--checkpoint_optimizer_precision", "bf16"]
+    keep = ["--keep-last-checkpoints", "1", "--keep-last-weights", "1"]
+    sync = ["--weight-sync", "disk", "--inference-urls", f'["{url}"]']
+    args = base_args(tiny_model, tmp_path, "--num-steps", "4", "--save-interval", "2", *keep)
+    args += [*sync, "--checkpoint-optimizer-precision", "bf16"]
     train(load_config(args), ListClient(fixed(make_batch(seed=9))))
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4", "weights"]
@@ -77,7 +77,7 @@ def test_a_run_keeps_the_last_checkpoint_and_links_the_final_weights(
     assert moments and all(t.dtype == torch.bfloat16 for t in moments)
 
     resumed = ListClient(fixed(make_batch(seed=9)))
-    more = train(load_config([*args, "--num_steps", "5", "--resume", "auto"]), resumed)
+    more = train(load_config([*args, "--num-steps", "5", "--resume", "auto"]), resumed)
     assert resumed.registrations[0].starting_step == 4 and math.isfinite(more[0]["train/loss"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5", "weights"]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step-5"]

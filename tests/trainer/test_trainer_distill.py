@@ -84,9 +84,9 @@ def test_distillation_alone_moves_the_student_toward_the_teacher(
     batches = {step: groups_with_teacher(teacher, seed=step, n=2) for step in range(1, 17)}
     held_out = groups_with_teacher(teacher, seed=99, n=4)  # different random prompts
     before = held_out_kl(load(tiny_model), teacher, held_out)
-    args = base_args(tiny_model, tmp_path / "run", "--num_steps", "16", "--save_interval", "16",
-                     "--micro_batching", "bucketed", "--lr", "2e-3", "--loss.distill_coef", "1.0",
-                     "--loss.distill_only", "--no-loss.mask_zero_variance_groups")  # fmt: skip
+    args = base_args(tiny_model, tmp_path / "run", "--num-steps", "16", "--save-interval", "16",
+                     "--micro-batching", "bucketed", "--lr", "2e-3", "--loss.distill-coef", "1.0",
+                     "--loss.distill-only", "--no-loss.mask-zero-variance-groups")  # fmt: skip
     history = train(load_config(args), ListClient(batches.__getitem__))  # new prompts each step
     after = held_out_kl(load(tmp_path / "run" / "step-16"), teacher, held_out)
     print(f"held-out KL(student||teacher): {before:.4f} -> {after:.4f}; "
@@ -112,5 +112,5 @@ def test_topk_reverse_kl_is_zero_at_the_teacher_and_positive_elsewhere() -> None
 
 
 def test_distillation_needs_unpacked_micro_batches(tiny_model: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="micro_batching bucketed"):
-        load_config(base_args(tiny_model, tmp_path, "--loss.distill_coef", "0.5"))
+    with pytest.raises(ConfigError, match="--micro-batching bucketed"):
+        load_config(base_args(tiny_model, tmp_path, "--loss.distill-coef", "0.5"))

@@ -65,7 +65,7 @@ def tokens_of(batch: Batch) -> list[list[int]]:
 def test_crash_and_resume_against_the_broker_matches_a_straight_run(
     service: Callable[..., str], tiny_model: Path, tmp_path: Path
 ) -> None:
-    args = base_args(tiny_model, tmp_path / "crashed", "--num_steps", "4", "--save_interval", "2")
+    args = base_args(tiny_model, tmp_path / "crashed", "--num-steps", "4", "--save-interval", "2")
     broker = service("atroposlib.api", "--store", "memory")
     post_batches(broker, 4)
     crashed = Recording(broker, crash_on_fetch=4)
@@ -80,8 +80,8 @@ def test_crash_and_resume_against_the_broker_matches_a_straight_run(
 
     control_broker = service("atroposlib.api", "--store", "memory")
     post_batches(control_broker, 4)
-    control_args = base_args(tiny_model, tmp_path / "straight", "--num_steps", "4")
-    train(load_config([*control_args, "--save_interval", "2"]), Recording(control_broker))
+    control_args = base_args(tiny_model, tmp_path / "straight", "--num-steps", "4")
+    train(load_config([*control_args, "--save-interval", "2"]), Recording(control_broker))
     a = state_dict_of(tmp_path / "crashed" / "step-4")
     b = state_dict_of(tmp_path / "straight" / "step-4")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -103,9 +103,9 @@ def test_disk_sync_changes_the_embedded_servers_outputs(
         return list(answer["choices"][0]["logprobs"]["token_logprobs"])
 
     before = greedy()
-    sync = ["--weight_sync", "disk", "--inference_urls", f'["{server}"]']
-    args = base_args(test_model_path, tmp_path, "--num_steps", "1", "--lr", "1e-4", *sync)
-    args += ["--batch_size", "4", "--micro_batch_tokens", "128"]
+    sync = ["--weight-sync", "disk", "--inference-urls", f'["{server}"]']
+    args = base_args(test_model_path, tmp_path, "--num-steps", "1", "--lr", "1e-4", *sync)
+    args += ["--batch-size", "4", "--micro-batch-tokens", "128"]
     batch = make_batch(seed=9, n_groups=1)
     history = train(load_config(args), _fixed_client(batch))
     assert history[0]["train/grad_norm"] > 0

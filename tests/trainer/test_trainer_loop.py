@@ -26,8 +26,8 @@ from example_trainer.train import train
 
 def test_steps_on_a_fixed_batch_lower_the_loss(tiny_model: Path, tmp_path: Path) -> None:
     batch = with_model_logprobs(tiny_model, make_batch(seed=1))
-    args = base_args(tiny_model, tmp_path, "--num_steps", "6", "--save_interval", "100")
-    cfg = load_config([*args, "--loss.behavior_logprobs", "inference", "--lr", "3e-3"])
+    args = base_args(tiny_model, tmp_path, "--num-steps", "6", "--save-interval", "100")
+    cfg = load_config([*args, "--loss.behavior-logprobs", "inference", "--lr", "3e-3"])
     client = ListClient(fixed(batch))
     history = train(cfg, client)
     losses = [row["train/loss"] for row in history]
@@ -45,7 +45,7 @@ def test_sft_rows_train_with_plain_nll(tiny_model: Path, tmp_path: Path) -> None
     groups = with_model_logprobs(tiny_model, groups)  # the model's own logprobs = -NLL
     nll = [-lp[6:] for g in groups for lp in g["inference_logprobs"]]  # prompt_len 6
     expected = float(np.concatenate(nll).mean())
-    cfg = load_config(base_args(tiny_model, tmp_path, "--num_steps", "2", "--batch_size", "3"))
+    cfg = load_config(base_args(tiny_model, tmp_path, "--num-steps", "2", "--batch-size", "3"))
     history = train(cfg, ListClient(fixed(groups)))
     assert history[0]["train/loss"] == pytest.approx(expected, rel=1e-4)
     assert history[0]["train/sft_nll"] == pytest.approx(expected, rel=1e-4)
@@ -57,7 +57,7 @@ def test_micro_batching_does_not_change_the_update(tiny_model: Path, tmp_path: P
     outs = []
     for budget in ("64", "4096"):
         save = tmp_path / budget
-        args = base_args(tiny_model, save, "--num_steps", "1", "--micro_batch_tokens", budget)
+        args = base_args(tiny_model, save, "--num-steps", "1", "--micro-batch-tokens", budget)
         history = train(load_config(args), ListClient(fixed(batch)))
         outs.append((history[0], state_dict_of(save / "step-1")))
     (row_a, sd_a), (row_b, sd_b) = outs
@@ -75,8 +75,8 @@ def test_packed_and_bucketed_micro_batches_make_the_same_update(
     rows, states = [], []
     for mode in ("packed", "bucketed"):
         save = tmp_path / mode
-        args = base_args(tiny_model, save, "--num_steps", "1", "--micro_batching", mode)
-        cfg = load_config([*args, "--loss.kl_coef", "0.1"])  # the reference forward too
+        args = base_args(tiny_model, save, "--num-steps", "1", "--micro-batching", mode)
+        cfg = load_config([*args, "--loss.kl-coef", "0.1"])  # the reference forward too
         rows.append(train(cfg, ListClient(fixed(batch)))[0])
         states.append(state_dict_of(save / "step-1"))
     packed, bucketed = rows
@@ -90,14 +90,14 @@ def test_packed_and_bucketed_micro_batches_make_the_same_update(
 
 def test_resume_reproduces_the_next_step_exactly(tiny_model: Path, tmp_path: Path) -> None:
     batches = lambda step: make_batch(seed=100 + step)  # noqa: E731  (the broker's data by step)
-    args = base_args(tiny_model, tmp_path / "a", "--num_steps", "3", "--save_interval", "1")
-    args += ["--lr_schedule", "cosine", "--warmup_steps", "1"]
+    args = base_args(tiny_model, tmp_path / "a", "--num-steps", "3", "--save-interval", "1")
+    args += ["--lr-schedule", "cosine", "--warmup-steps", "1"]
     straight = ListClient(batches)
     train(load_config(args), straight)
     # a second run that stopped after step 2: resume from that checkpoint in a fresh folder
     shutil.copytree(tmp_path / "a" / "step-2", tmp_path / "b" / "step-2")
     resumed = ListClient(batches)
-    resumed_args = [*args, "--save_dir", str(tmp_path / "b"), "--resume", "auto"]
+    resumed_args = [*args, "--save-dir", str(tmp_path / "b"), "--resume", "auto"]
     history = train(load_config(resumed_args), resumed)
     assert resumed.registrations[0].starting_step == 2 and len(history) == 1
     assert history[0]["train/step"] == 3.0
@@ -110,21 +110,21 @@ def test_resume_reproduces_the_next_step_exactly(tiny_model: Path, tmp_path: Pat
 
 
 def test_kl_to_frozen_reference_starts_at_zero(tiny_model: Path, tmp_path: Path) -> None:
-    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--loss.kl_coef", "0.5")
+    args = base_args(tiny_model, tmp_path, "--num-steps", "2", "--loss.kl-coef", "0.5")
     history = train(load_config(args), ListClient(fixed(make_batch(seed=3))))
     assert history[0]["train/ref_kl"] == pytest.approx(0.0, abs=1e-7)
     assert history[1]["train/ref_kl"] > 0.0
 
 
 def test_lora_trains_adapters_and_resumes(tiny_model: Path, tmp_path: Path) -> None:
-    lora = ["--lora.enabled", "--lora.r", "4", "--loss.kl_coef", "0.1", "--lr", "1e-2"]
-    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--save_interval", "1", *lora)
+    lora = ["--lora.enabled", "--lora.r", "4", "--loss.kl-coef", "0.1", "--lr", "1e-2"]
+    args = base_args(tiny_model, tmp_path, "--num-steps", "2", "--save-interval", "1", *lora)
     history = train(load_config(args), ListClient(fixed(make_batch(seed=4))))
     assert history[0]["train/ref_kl"] == pytest.approx(0.0, abs=1e-7)  # adapters start at 0
     assert history[1]["train/ref_kl"] > 0.0  # reference = base model with adapters off
     assert (tmp_path / "step-2" / "adapter_model.safetensors").is_file()
     resumed = ListClient(fixed(make_batch(seed=4)))
-    more = train(load_config([*args, "--num_steps", "3", "--resume", "auto"]), resumed)
+    more = train(load_config([*args, "--num-steps", "3", "--resume", "auto"]), resumed)
     assert resumed.registrations[0].starting_step == 2 and len(more) == 1
     assert math.isfinite(more[0]["train/loss"])
 
@@ -134,7 +134,7 @@ def test_a_batch_with_nothing_to_train_leaves_the_weights(tiny_model: Path, tmp_
 
     flat = [make_group(np.random.default_rng(i), [1.0] * 4) for i in range(2)]  # zero variance
     batches = {1: make_batch(seed=11), 2: flat}
-    args = base_args(tiny_model, tmp_path, "--num_steps", "2", "--save_interval", "1")
+    args = base_args(tiny_model, tmp_path, "--num-steps", "2", "--save-interval", "1")
     history = train(load_config(args), ListClient(lambda step: batches[step]))
     assert history[1]["train/skipped"] == 1.0 and history[1]["train/zero_variance_groups"] == 2
     a, b = state_dict_of(tmp_path / "step-1"), state_dict_of(tmp_path / "step-2")
@@ -143,8 +143,8 @@ def test_a_batch_with_nothing_to_train_leaves_the_weights(tiny_model: Path, tmp_
 
 def test_gradient_checkpointing_keeps_the_update(tiny_model: Path, tmp_path: Path) -> None:
     batch = make_batch(seed=12)
-    for name, flags in (("ref", []), ("ckpt", ["--gradient_checkpointing"])):
-        args = base_args(tiny_model, tmp_path / name, "--num_steps", "1", *flags)
+    for name, flags in (("ref", []), ("ckpt", ["--gradient-checkpointing"])):
+        args = base_args(tiny_model, tmp_path / name, "--num-steps", "1", *flags)
         train(load_config(args), ListClient(fixed(batch)))
     a, b = state_dict_of(tmp_path / "ref" / "step-1"), state_dict_of(tmp_path / "ckpt" / "step-1")
     row = {"train/grad_norm": 1.0, "train/computed_tokens": 0.0}  # the recompute: same sums
@@ -157,7 +157,7 @@ def test_bf16_autocast_is_close_to_fp32(tiny_model: Path, tmp_path: Path) -> Non
     batch = make_batch(seed=12)
     rows = []
     for name, flags in (("fp32", ["--precision", "fp32"]), ("bf16", ["--precision", "bf16"])):
-        args = base_args(tiny_model, tmp_path / name, "--num_steps", "1", *flags)
+        args = base_args(tiny_model, tmp_path / name, "--num-steps", "1", *flags)
         rows.append(train(load_config(args), ListClient(fixed(batch)))[0])
     fp32, bf16 = rows
     # autocast did run in bf16 (near-uniform entropy of the tiny model is too flat to show it)
@@ -178,11 +178,11 @@ def test_broker_outages_are_waited_out(tiny_model: Path, tmp_path: Path) -> None
                 raise BrokerUnavailableError("broker at http://x unreachable")
             return super().wait_for_batch(poll_interval, timeout)
 
-    args = base_args(tiny_model, tmp_path, "--num_steps", "1", "--broker_patience_s", "30")
+    args = base_args(tiny_model, tmp_path, "--num-steps", "1", "--broker-patience-s", "30")
     history = train(load_config(args), Flaky(fixed(make_batch(seed=13))))
     assert len(history) == 1
     with pytest.raises(BrokerUnavailableError):  # past the patience: the error surfaces
-        train(load_config([*args, "--broker_patience_s", "0"]), Flaky(fixed(make_batch())))
+        train(load_config([*args, "--broker-patience-s", "0"]), Flaky(fixed(make_batch())))
 
 
 def test_sequences_with_nothing_to_train_are_not_computed(tiny_model: Path, tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ def test_sequences_with_nothing_to_train_are_not_computed(tiny_model: Path, tmp_
     rows, states = [], []
     for name, batch in (("live", live), ("with_flat", [*live, *flat])):
         save = tmp_path / name
-        args = base_args(tiny_model, save, "--num_steps", "1")
+        args = base_args(tiny_model, save, "--num-steps", "1")
         rows.append(train(load_config(args), ListClient(fixed(batch)))[0])
         states.append(state_dict_of(save / "step-1"))
     assert rows[1]["train/zero_variance_groups"] == 2
@@ -208,9 +208,9 @@ def test_sequences_with_nothing_to_train_are_not_computed(tiny_model: Path, tmp_
 def test_a_time_limit_stops_after_the_step_it_runs_out_in_and_saves_it(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    args = base_args(tiny_model, tmp_path, "--num_steps", "50", "--save_interval", "100")
+    args = base_args(tiny_model, tmp_path, "--num-steps", "50", "--save-interval", "100")
     client = ListClient(fixed(make_batch(seed=21)))
-    history = train(load_config([*args, "--time_limit_s", "1e-6"]), client)
+    history = train(load_config([*args, "--time-limit-s", "1e-6"]), client)
     assert [row["train/step"] for row in history] == [1.0]  # out of time after step 1
     assert history[0]["train/elapsed_s"] > 0
     assert client.acks == [1]  # the last step is saved (and acknowledged) like a final one

@@ -14,7 +14,6 @@ from example_trainer.loss import (
     LossInputs,
     aggregate,
     group_advantages,
-    group_baseline,
     grpo_loss,
     gspo_loss,
     gspo_ratio,
@@ -38,10 +37,11 @@ def close(a: torch.Tensor, b: list[float] | float, tol: float = 1e-5) -> bool:
 
 def test_group_mean_and_leave_one_out_baselines() -> None:
     scores = T([1.0, 2.0, 3.0, 6.0])
-    assert close(group_baseline(scores, "group_mean"), [3.0] * 4)
-    # RLOO: mean of the other three scores
-    assert close(group_baseline(scores, "leave_one_out"), [11 / 3, 10 / 3, 3.0, 2.0])
+    (mean,) = group_advantages([scores], "group_mean", "none")
+    assert close(scores - mean, [3.0] * 4)  # the baseline subtracted: the group mean
     (loo,) = group_advantages([scores], "leave_one_out", "none")
+    # RLOO: mean of the other three scores
+    assert close(scores - loo, [11 / 3, 10 / 3, 3.0, 2.0])
     assert close(loo, [-8 / 3, -4 / 3, 0.0, 4.0])  # = G/(G-1) * (r - mean)
 
 

@@ -64,12 +64,12 @@ def test_truncated_replies_are_masked_and_the_ratio_is_one_at_step_zero(
         env=subprocess_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        common = ["--num_steps", "1", "--lr", "1e-6", "--max_token_len", "256",
-                  "--micro_batch_tokens", "512",
-                  "--loss.behavior_logprobs", "inference"]  # fmt: skip
+        common = ["--num-steps", "1", "--lr", "1e-6", "--max-token-len", "256",
+                  "--micro-batch-tokens", "512",
+                  "--loss.behavior-logprobs", "inference"]  # fmt: skip
         args = base_args(test_model_path, tmp_path / "masked", *common)
         recording = Recording(broker)
-        [masked] = train(load_config([*args, "--loss.mask_truncated"]), recording)
+        [masked] = train(load_config([*args, "--loss.mask-truncated"]), recording)
     finally:
         env.kill()
         env.wait(timeout=30)
@@ -82,7 +82,7 @@ def test_truncated_replies_are_masked_and_the_ratio_is_one_at_step_zero(
     results = {}
     for correction in ("tis", "mask"):
         args = base_args(test_model_path, tmp_path / correction, *common)
-        args += ["--loss.is_correction", correction, "--no-loss.mask_zero_variance_groups"]
+        args += ["--loss.is-correction", correction, "--no-loss.mask-zero-variance-groups"]
         [results[correction]] = train(load_config(args), ListClient(fixed(groups)))
     assert results["tis"]["train/truncated_masked"] == 0
     assert abs(results["tis"]["train/is_weight"] - 1.0) <= 1e-4

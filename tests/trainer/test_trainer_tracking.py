@@ -19,7 +19,7 @@ def test_jsonl_tracker_writes_one_line_per_step_and_flushes(tmp_path: Path) -> N
 
 
 def test_metrics_file_only_on_rank_zero(tmp_path: Path) -> None:
-    cfg = load_config(["--metrics_file", str(tmp_path / "m.jsonl")])
+    cfg = load_config(["--metrics-file", str(tmp_path / "m.jsonl")])
     assert isinstance(make_tracker(cfg, rank=1), NullTracker)
     tracker = make_tracker(cfg, rank=0)
     tracker.log({"x": 1.0}, step=3)

@@ -35,8 +35,8 @@ def test_disk_sync_updates_every_server_and_changes_outputs(
 ) -> None:
     urls = [fake_server(), fake_server()]
     before = logprobs(urls[0])
-    sync = ["--weight_sync", "disk", "--inference_urls", f'["{urls[0]}", "{urls[1]}"]']
-    args = base_args(tiny_model, tmp_path, "--num_steps", "3", "--lr", "1e-2", *sync)
+    sync = ["--weight-sync", "disk", "--inference-urls", f'["{urls[0]}", "{urls[1]}"]']
+    args = base_args(tiny_model, tmp_path, "--num-steps", "3", "--lr", "1e-2", *sync)
     train(load_config(args), ListClient(fixed(make_batch(seed=7))))
     for url in urls:
         health = httpx.get(url + "/health").json()
@@ -70,9 +70,9 @@ def test_lora_adapter_is_hot_loaded(
     fake_server: Callable[..., str], tiny_model: Path, tmp_path: Path
 ) -> None:
     url = fake_server()
-    lora = ["--lora.enabled", "--lora.r", "4", "--lora.adapter_name", "policy"]
-    sync = ["--weight_sync", "lora", "--inference_urls", f'["{url}"]']
-    args = base_args(tiny_model, tmp_path, "--num_steps", "2", *lora, *sync)
+    lora = ["--lora.enabled", "--lora.r", "4", "--lora.adapter-name", "policy"]
+    sync = ["--weight-sync", "lora", "--inference-urls", f'["{url}"]']
+    args = base_args(tiny_model, tmp_path, "--num-steps", "2", *lora, *sync)
     train(load_config(args), ListClient(fixed(make_batch(seed=8))))
     health = httpx.get(url + "/health").json()
     adapter = Path(health["adapters"]["policy"])

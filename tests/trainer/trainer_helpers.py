@@ -149,8 +149,8 @@ def state_dict_of(folder: Path) -> dict[str, torch.Tensor]:
 
 def base_args(model: Path, save_dir: Path, *extra: str) -> list[str]:
     return [
-        "--model", str(model), "--save_dir", str(save_dir), "--lr", "1e-3",
-        "--batch_size", "8", "--max_token_len", "64", "--micro_batch_tokens", "96",
+        "--model", str(model), "--save-dir", str(save_dir), "--lr", "1e-3",
+        "--batch-size", "8", "--max-token-len", "64", "--micro-batch-tokens", "96",
         *extra,
     ]  # fmt: skip
 
