@@ -57,9 +57,10 @@ def test_the_reward_is_tagged_correctness_plus_exact_format(task: Task) -> None:
     right, wrong = entry["answer"], str(int(entry["answer"]) + 1)
     weight = task.config.format_weight
     assert weight > 0
+    worked = f"<think>{a} + {b} = {right}</think>\n<answer>{right}</answer>"
     rewards = {
         "exact right": (f"<answer>{right}</answer>", 1.0 + weight),
-        "worked right": (f"<think>{a} + {b} = {right}</think>\n<answer>{right}</answer>", 1 + weight),
+        "worked right": (worked, 1.0 + weight),
         "exact wrong": (f"<answer>{wrong}</answer>", weight),
         "tag in prose": (f"So: <answer>{right}</answer>", 1.0),
         "no tag": (f"<think>{a} + {b} = {right}</think>", 0.0),  # right, but not where asked
