@@ -53,7 +53,7 @@ class LocalRunSettings(BaseSettings):
     batch_size: int = Field(default=16, gt=0, description="Sequences per trainer step.")
     group_size: int = Field(default=4, gt=1, description="Completions per prompt.")
     max_token_len: int = Field(default=256, gt=16, description="Longest trained sequence.")
-    lr: float = Field(default=2e-5, gt=0, description="Trainer learning rate.")
+    lr: float = Field(default=1e-5, gt=0, description="Trainer learning rate.")
     eval_size: int = Field(
         default=200,
         ge=0,
