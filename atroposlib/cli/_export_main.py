@@ -26,7 +26,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from atroposlib.cli._flags import build_parser, fail, parse_settings
 from atroposlib.errors import BrokerError
 from atroposlib.export.groups import GroupFileError, read_group_files
 from atroposlib.export.lines import LineOptions, dpo_lines, sft_lines
@@ -41,6 +40,7 @@ from atroposlib.export.sources import (
     reset_broker,
 )
 from atroposlib.export.text import Decoder
+from atroposlib.utils.cli import exit_with_error, parse_command_line
 
 Kind = Literal["sft", "dpo"]
 _PROG: dict[Kind, str] = {"sft": "atropos-sft-gen", "dpo": "atropos-dpo-gen"}
@@ -57,7 +57,7 @@ def _load_decoder(prog: str, name: str) -> Decoder:
         tokenizer: Decoder = AutoTokenizer.from_pretrained(name)  # type: ignore[assignment]
     except (OSError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        fail(prog, f"--tokenizer {name}: cannot load it ({first_line})", status=2)
+        exit_with_error(prog, f"--tokenizer {name}: cannot load it ({first_line})")
     return tokenizer
 
 
@@ -133,9 +133,9 @@ def _dry_run(settings: ExportSettings, prog: str) -> None:
             response.raise_for_status()
             found = f"broker at {settings.api_url} answers: {response.json()}"
     except (GroupFileError, OSError) as err:
-        fail(prog, str(err))
+        exit_with_error(prog, str(err), status=1)
     except httpx.HTTPError as err:
-        fail(prog, f"broker at {settings.api_url}: {err}")
+        exit_with_error(prog, f"broker at {settings.api_url}: {err}", status=1)
     print(
         f"{prog}: dry run ok: {found}; tokenizer loaded; nothing registered or written",
         file=sys.stderr,
@@ -156,17 +156,14 @@ _EPILOG = (
 
 def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
     prog = _PROG[kind]
-    model = SftSettings if kind == "sft" else DpoSettings
-    parser = build_parser(model, prog, _DESCRIPTION[kind], positional=("filepath",))
-    parser.epilog = _EPILOG
-    settings = parse_settings(model, parser, argv)
+    model: type[ExportSettings] = SftSettings if kind == "sft" else DpoSettings
+    settings = parse_command_line(model, argv, prog, description=_DESCRIPTION[kind], epilog=_EPILOG)
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
     if settings.filepath.exists() and not settings.append_to_previous:
-        fail(
+        exit_with_error(
             prog,
             f"{settings.filepath} already exists; pass --append-to-previous to add to "
             "it, or choose another output path",
-            status=2,
         )
     decoder = None if settings.save_messages else _load_decoder(prog, str(settings.tokenizer))
     if settings.dry_run:
@@ -212,11 +209,11 @@ def main(kind: Kind, argv: Sequence[str] | None = None) -> None:
                 partial=result,
             )
     except OutputExistsError as err:
-        fail(prog, str(err), status=2)
+        exit_with_error(prog, str(err))
     except (GroupFileError, BrokerError, httpx.HTTPError, OSError) as err:
         _drop_if_empty(settings.filepath, created)
         where = f"broker at {settings.api_url}: " if isinstance(err, httpx.HTTPError) else ""
-        fail(prog, f"{where}{err}; {_summary(result, settings)}")
+        exit_with_error(prog, f"{where}{err}; {_summary(result, settings)}", status=1)
     except KeyboardInterrupt:
         _drop_if_empty(settings.filepath, created)
         print(f"{prog}: interrupted; {_summary(result, settings)}", file=sys.stderr)

@@ -6,27 +6,16 @@ default per option.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from pydantic import ValidationError
-from pydantic_settings import CliApp, SettingsError
-
 from atroposlib.inference.settings import InferenceSettings
-from atroposlib.utils.cli import configure_logging, describe, exit_with_error, settings_cli_source
+from atroposlib.utils.cli import configure_logging, parse_command_line
 
 PROG = "atropos-inference"
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> InferenceSettings:
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        source = settings_cli_source(
-            InferenceSettings, args, PROG, cli_kebab_case=True, cli_implicit_flags=True
-        )
-        return CliApp.run(InferenceSettings, cli_args=args, cli_settings_source=source)
-    except (SettingsError, ValidationError) as err:
-        exit_with_error(PROG, describe(err))
+    return parse_command_line(InferenceSettings, argv, PROG)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

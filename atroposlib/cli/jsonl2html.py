@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliPositionalArg, SettingsConfigDict
 
-from atroposlib.cli._flags import build_parser, fail, parse_settings
+from atroposlib.utils.cli import exit_with_error, parse_command_line
 from atroposlib.utils.html_report import render_groups_html
 
 PROG = "jsonl2html"
@@ -29,8 +29,10 @@ class Jsonl2HtmlSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ATROPOS_JSONL2HTML_", extra="forbid")
 
-    input_path: Path = Field(description="JSONL file of scored groups, one group per line.")
-    output_path: Path | None = Field(
+    input_path: CliPositionalArg[Path] = Field(
+        description="JSONL file of scored groups, one group per line."
+    )
+    output_path: CliPositionalArg[Path | None] = Field(
         default=None, description="HTML file to write (default: the input path with .html)."
     )
     title: str | None = Field(default=None, description="Page title (default: the file name).")
@@ -55,32 +57,31 @@ def _groups(path: Path, skipped: list[str]) -> Iterator[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = build_parser(
+    settings = parse_command_line(
         Jsonl2HtmlSettings,
+        argv,
         PROG,
-        "Render a JSONL dump of scored groups as one HTML page.",
-        positional=("input_path", "output_path"),
+        description="Render a JSONL dump of scored groups as one HTML page.",
     )
-    settings = parse_settings(Jsonl2HtmlSettings, parser, argv)
     source = settings.input_path
     if not source.is_file():
-        fail(PROG, f"{source}: no such file", status=2)
+        exit_with_error(PROG, f"{source}: no such file")
     target = settings.output_path or source.with_suffix(".html")
     if target.resolve() == source.resolve():
-        fail(PROG, f"the output {target} would overwrite the input; pass another path", status=2)
+        exit_with_error(PROG, f"the output {target} would overwrite the input; pass another path")
     skipped: list[str] = []
     try:
         groups = list(_groups(source, skipped))
     except (OSError, UnicodeDecodeError) as err:
-        fail(PROG, f"{source}: {err}")
+        exit_with_error(PROG, f"{source}: {err}", status=1)
     for reason in skipped:
         print(f"{PROG}: warning: skipped {reason}", file=sys.stderr)
     if not groups:
-        fail(PROG, f"{source}: no group to render")
+        exit_with_error(PROG, f"{source}: no group to render", status=1)
     try:
         target.write_text(render_groups_html(groups, settings.title or source.name), "utf-8")
     except OSError as err:
-        fail(PROG, f"{target}: {err}")
+        exit_with_error(PROG, f"{target}: {err}", status=1)
     print(f"{PROG}: wrote {len(groups)} groups to {target}", file=sys.stderr)
 
 

@@ -20,8 +20,6 @@ from pathlib import Path
 
 import httpx
 import yaml
-from pydantic import ValidationError
-from pydantic_settings import CliApp, SettingsError
 from rich.console import Console
 from rich.markup import escape
 
@@ -30,7 +28,7 @@ from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.settings import LocalRunSettings, resolve
-from atroposlib.utils.cli import describe, exit_with_error, settings_cli_source
+from atroposlib.utils.cli import exit_with_error, parse_command_line
 
 PROG = "atropos-local"
 console = Console()  # progress and results: stdout
@@ -39,16 +37,7 @@ errors = Console(stderr=True)
 
 def parse_settings(argv: list[str]) -> LocalRunSettings:
     """Flags > ``ATROPOS_LOCAL_*`` > defaults; a bad value exits 2 with one line."""
-    try:
-        return CliApp.run(
-            LocalRunSettings,
-            cli_args=argv,
-            cli_settings_source=settings_cli_source(
-                LocalRunSettings, argv, PROG, cli_kebab_case=True, cli_implicit_flags=True
-            ),
-        )
-    except (SettingsError, ValidationError) as err:
-        exit_with_error(PROG, describe(err))
+    return parse_command_line(LocalRunSettings, argv, PROG)
 
 
 def main(argv: list[str] | None = None) -> int:

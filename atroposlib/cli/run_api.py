@@ -7,16 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pydantic import ValidationError
-from pydantic_settings import CliApp, SettingsError
-
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.utils.cli import (
     accept_snake_case,
-    describe,
     exit_with_error,
     model_flags,
-    settings_cli_source,
+    parse_command_line,
 )
 
 logger = logging.getLogger("atroposlib.api")
@@ -29,11 +25,7 @@ class RunApiSettings(BrokerSettings, cli_kebab_case=True, cli_prog_name="run-api
 def parse_settings(argv: Sequence[str] | None = None) -> BrokerSettings:
     given = sys.argv[1:] if argv is None else argv
     args = accept_snake_case("run-api", given, model_flags(RunApiSettings))
-    try:
-        source = settings_cli_source(RunApiSettings, args, "run-api", cli_kebab_case=True)
-        return CliApp.run(RunApiSettings, cli_args=args, cli_settings_source=source)
-    except (SettingsError, ValidationError) as err:
-        exit_with_error("run-api", describe(err))
+    return parse_command_line(RunApiSettings, args, "run-api")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,24 +9,24 @@ import logging
 import os
 import sys
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from atroposlib.cli._flags import build_parser, parse_settings
 from atroposlib.errors import SandboxError
 from atroposlib.sandbox.isolation import isolation_report
 from atroposlib.sandbox.proof import prove_limits
+from atroposlib.utils.cli import parse_command_line
+from atroposlib.utils.cli_settings import CommandLineSettings
 
 
-class SandboxCheckSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
+class SandboxCheckSettings(CommandLineSettings):
     as_json: bool = Field(False, alias="json", description="Print the report as JSON.")
     no_probes: bool = Field(False, description="Skip the hostile probes.")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser(SandboxCheckSettings, "atropos-sandbox-check", __doc__ or "")
-    args = parse_settings(SandboxCheckSettings, parser, argv)
+    args = parse_command_line(
+        SandboxCheckSettings, argv, "atropos-sandbox-check", description=__doc__
+    )
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         report = isolation_report()

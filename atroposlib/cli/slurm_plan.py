@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from atroposlib.cli._flags import build_parser, parse_settings
 from atroposlib.envs.server_handling.slurm import InferenceServer, plan_from_environ
 from atroposlib.errors import ConfigError
+from atroposlib.utils.cli import parse_command_line
+from atroposlib.utils.cli_settings import CommandLineSettings
 
 PROG = "python -m atroposlib.cli.slurm_plan"
 _OPTIONS = {  # flag -> the job variable it overrides
@@ -42,14 +43,14 @@ _OPTIONS = {  # flag -> the job variable it overrides
 }
 
 
-class SlurmPlanSettings(BaseModel):
+class SlurmPlanSettings(CommandLineSettings):
     """Print where a SLURM job's inference servers run (defaults: job variables)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     nodelist: str | None = Field(None, description="node list (default $SLURM_JOB_NODELIST)")
     training_nodes: str | None = Field(
-        None, description="nodes kept for the trainer; 0 shares node 0"
+        None,
+        description="nodes kept for the trainer; 0 shares node 0 (default $NUM_TRAINING_NODES "
+        "or 1)",
     )
     tp: str | None = Field(
         None, description="tensor-parallel GPUs per server (default $INFER_TP or 1)"
@@ -58,7 +59,9 @@ class SlurmPlanSettings(BaseModel):
         None, description="GPUs per node (default $GPUS_PER_NODE or 8)"
     )
     port: str | None = Field(None, description="first server port on each node (default 9000)")
-    skip_gpus: str | None = Field(None, description="GPUs left out at the start of each node")
+    skip_gpus: str | None = Field(
+        None, description="GPUs left out at the start of each node (default $INFER_SKIP_GPUS or 0)"
+    )
     format: Literal["urls", "table", "trainer-urls", "json"] = Field(
         "urls",
         description="urls: one /v1 URL a line; table: node port gpus url; trainer-urls: JSON "
@@ -125,8 +128,7 @@ def broker_flags(path: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    parser = build_parser(SlurmPlanSettings, PROG, SlurmPlanSettings.__doc__ or "")
-    args = parse_settings(SlurmPlanSettings, parser, argv)
+    args = parse_command_line(SlurmPlanSettings, argv, PROG)
     try:
         if args.broker_flags is not None:
             sys.stdout.write("".join(f"{flag}\n" for flag in broker_flags(args.broker_flags)))

@@ -12,20 +12,21 @@ import logging
 import os
 from collections.abc import Sequence
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
-from atroposlib.cli._flags import build_parser, fail, parse_settings
 from atroposlib.export.text import Decoder
 from atroposlib.protocol import INT32_MAX
+from atroposlib.utils.cli import exit_with_error, parse_command_line
+from atroposlib.utils.cli_settings import BrokerClientSettings
+
+PROG = "view-run"
 
 
-class ViewRunSettings(BaseSettings):
+class ViewRunSettings(BrokerClientSettings):
     """Where the groups come from and where the app listens (always 127.0.0.1)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="ATROPOS_VIEW_", extra="forbid", populate_by_name=True
-    )
+    model_config = SettingsConfigDict(env_prefix="ATROPOS_VIEW_", extra="forbid")
 
     input: list[str] = Field(
         default_factory=list,
@@ -37,7 +38,6 @@ class ViewRunSettings(BaseSettings):
     )
     api_key: str | None = Field(
         default=None,
-        validation_alias=AliasChoices("ATROPOS_VIEW_API_KEY", "ATROPOS_API_KEY"),
         description="Bearer token of the broker, when it requires one (or ATROPOS_API_KEY).",
     )
     limit: int = Field(
@@ -60,20 +60,22 @@ def _decoder(name: str | None) -> Decoder | None:
         tokenizer: Decoder = AutoTokenizer.from_pretrained(name)  # type: ignore[assignment]
     except (OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        fail("view-run", f"--tokenizer {name}: cannot load it ({reason})", status=2)
+        exit_with_error(PROG, f"--tokenizer {name}: cannot load it ({reason})")
     return tokenizer
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = build_parser(
-        ViewRunSettings, "view-run", "Browse scored groups from a broker or JSONL dumps."
+    settings = parse_command_line(
+        ViewRunSettings,
+        argv,
+        PROG,
+        description="Browse scored groups from a broker or JSONL dumps.",
     )
-    settings = parse_settings(ViewRunSettings, parser, argv)
     logging.basicConfig(level=logging.WARNING, format="view-run: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     missing = [path for path in settings.input if path != "-" and not os.path.isfile(path)]
     if missing:
-        fail("view-run", f"--input {missing[0]}: no such file", status=2)
+        exit_with_error(PROG, f"--input {missing[0]}: no such file")
     decoder = _decoder(settings.tokenizer)
 
     from atroposlib.viewer.app import LOCALHOST, build_app, launch

@@ -10,11 +10,13 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from atroposlib.envs.evaluation import write_eval_results
 from atroposlib.envs.reward_fns.code_rewards import pass_at_k as _pass_at_k
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.utils.cli import parse_command_line
+from atroposlib.utils.cli_settings import CommandLineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +109,8 @@ class EvalBase(ABC):
         return metrics
 
 
-class EvalRunnerSettings(BaseModel):
+class EvalRunnerSettings(CommandLineSettings):
     """Run one evaluation against an OpenAI-compatible inference server."""
-
-    model_config = ConfigDict(extra="forbid")
 
     server_url: str = Field(
         "http://localhost:8000", description="OpenAI-compatible base URL of the inference server."
@@ -120,12 +120,9 @@ class EvalRunnerSettings(BaseModel):
 
 async def eval_runner(eval_env: EvalBase, argv: list[str] | None = None) -> dict[str, float]:
     """``--server-url`` and ``--model-name`` from the command line, then run ``eval_env``."""
-    from atroposlib.cli._flags import build_parser, parse_settings
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
-    prog = os.path.basename(sys.argv[0])
-    parser = build_parser(EvalRunnerSettings, prog, EvalRunnerSettings.__doc__ or "")
-    args = parse_settings(EvalRunnerSettings, parser, argv)
+    args = parse_command_line(EvalRunnerSettings, argv, os.path.basename(sys.argv[0]))
     manager = ServerManager([APIServerConfig(api_key="dummy", base_url=args.server_url,
                                              model_name=args.model_name or "default",
                                              health_check=False)])  # fmt: skip

@@ -10,17 +10,18 @@ flags and variables for ``openai`` then apply to every server in the list.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field, create_model
-from pydantic_settings import CliSettingsSource, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings import EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import CliSuppress
 
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.errors import ConfigError
-from atroposlib.utils.cli import add_argument_one_default
+from atroposlib.utils.cli import settings_cli_source
 from atroposlib.utils.yaml_settings import LayeredSettings, read_yaml_config
 
 ENV_PREFIX = "ATROPOS_"
@@ -143,13 +144,12 @@ def resolve_settings(
     environ: dict[str, str] | None = None,
 ) -> EnvCliSettings:
     """Merge the four sources and validate once (pydantic raises on any bad value)."""
-    cli = CliSettingsSource(
+    cli = settings_cli_source(
         model,
-        cli_parse_args=normalize_bool_flags(argv, bool_flags(model)),
-        cli_exit_on_error=False,
+        normalize_bool_flags(argv, bool_flags(model)),
+        f"{Path(sys.argv[0]).name} {model.__name__[:-8].lower()}",
         cli_implicit_flags=True,
-        cli_prog_name=f"{Path(__import__('sys').argv[0]).name} {model.__name__[:-8].lower()}",
-        add_argument_method=add_argument_one_default,
+        cli_hide_none_type=False,
     )()
     env_source = EnvSettingsSource(
         model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False

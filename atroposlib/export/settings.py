@@ -1,8 +1,8 @@
 """Options of ``atropos-sft-gen`` and ``atropos-dpo-gen`` (Atropos's flags, plus a few of ours).
 
-Each field is a ``--kebab-case`` flag whose help is its description; ``ATROPOS_EXPORT_<FIELD>``
-environment variables fill what the command line leaves out (``api_key`` also reads
-``ATROPOS_API_KEY``, as the broker does).
+Each field is a ``--kebab-case`` flag whose help is its description (``filepath`` is the
+positional argument); ``ATROPOS_EXPORT_<FIELD>`` environment variables fill what the command line
+leaves out (``api_key`` also reads ``ATROPOS_API_KEY``, as the broker does).
 """
 
 from __future__ import annotations
@@ -11,22 +11,23 @@ import logging
 from pathlib import Path
 from typing import Self
 
-from pydantic import AliasChoices, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import CliPositionalArg, SettingsConfigDict
 
 from atroposlib.protocol import INT32_MAX
+from atroposlib.utils.cli_settings import BrokerClientSettings
 
 logger = logging.getLogger(__name__)
 
 
-class ExportSettings(BaseSettings):
+class ExportSettings(BrokerClientSettings):
     """Options shared by both exporters (``filepath`` is the positional argument)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ATROPOS_EXPORT_", extra="forbid", populate_by_name=True
+        env_prefix="ATROPOS_EXPORT_", extra="forbid", cli_implicit_flags="toggle"
     )
 
-    filepath: Path = Field(
+    filepath: CliPositionalArg[Path] = Field(
         description="Output JSONL file (refused if it exists, unless appending)."
     )
     input: list[str] = Field(
@@ -39,7 +40,6 @@ class ExportSettings(BaseSettings):
     )
     api_key: str | None = Field(
         default=None,
-        validation_alias=AliasChoices("ATROPOS_EXPORT_API_KEY", "ATROPOS_API_KEY"),
         description="Bearer token of the broker, when it requires one (or ATROPOS_API_KEY).",
     )
     group_size: int = Field(

@@ -1,27 +1,31 @@
-"""The shared shell of every command line: one-line errors and one default per option.
+"""The shared shell of every command line: one parser, one-line errors, one default per option.
 
 Every CLI (``atropos-local``, ``run-api``, ``atropos-grpo``, ``atropos-inference``, the env
-``serve/process/evaluate`` commands, the export and viewer tools) reports a bad value the same
-way, on one line, and exits with status 2::
+``serve/process/evaluate`` commands, the export and viewer tools) parses its flags with
+pydantic-settings from its settings class, reports a bad value the same way, on one line, and
+exits with status 2::
 
     atropos-local: error: --steps: input should be a valid integer, got 'abc'
 
-``settings_cli_source`` builds the pydantic-settings command-line source those CLIs parse with:
-errors are raised (not printed with a usage dump) and ``--help`` shows one default per option.
+A command calls ``parse_command_line``; the layered trainer and env settings (YAML below the
+flags) build the same source with ``settings_cli_source``. Errors are raised (not printed with a
+usage dump) and ``--help`` shows one default per option.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import sys
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings, CliSettingsSource, SettingsError
+from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsError
 
 FlagName = Callable[[Sequence[str]], str]
+Settings = TypeVar("Settings", bound=BaseSettings)
 
 # pydantic's own wording ends some messages with a detail the value already shows
 _PARSING_DETAIL = re.compile(r", unable to (?:parse|interpret) .*$")
@@ -99,6 +103,14 @@ def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag)
     ... except ValidationError as err:
     ...     print(describe_validation_error(err))
     --steps: input should be greater than 0, got '-5'
+    >>> from typing import Literal
+    >>> class Sync(BaseModel):
+    ...     mode: Literal["disk", "http"] = "disk"
+    >>> try:
+    ...     Sync(mode="nccl")
+    ... except ValidationError as err:
+    ...     print(describe_validation_error(err))
+    --mode: invalid choice 'nccl' (choose from 'disk' or 'http')
 
     An unknown key can only come from YAML or a variable (argparse refuses unknown flags), so
     it is named as written there, not as a flag.
@@ -109,7 +121,9 @@ def describe_validation_error(err: ValidationError, flag: FlagName = kebab_flag)
     loc = [str(part) for part in first["loc"] if not isinstance(part, int)]
     custom = first["type"] in ("value_error", "assertion_error")
     message = str(first["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if not custom:
+    if first["type"] == "literal_error":
+        message = f"invalid choice {first['input']!r} (choose from {first['ctx']['expected']})"
+    elif not custom:
         message = _PARSING_DETAIL.sub("", message)
         message = message[:1].lower() + message[1:]
         value = first.get("input")
@@ -164,22 +178,55 @@ def one_default(help_text: str) -> str:
 
 
 def add_argument_one_default(parser: Any, *names: str, **kwargs: Any) -> Any:
-    """``parser.add_argument`` with ``one_default`` applied to the help text."""
-    if isinstance(kwargs.get("help"), str):
-        kwargs["help"] = one_default(kwargs["help"])
+    """``parser.add_argument`` with ``one_default`` applied to the help text; a switch
+    (``--quiet``) shows no default (it is off unless given), a positional argument is shown by
+    its field name (``filepath``)."""
+    help_text = kwargs.get("help")
+    if isinstance(help_text, str):
+        switch = kwargs.get("action") in ("store_true", "store_false")
+        kwargs["help"] = _AUTO_DEFAULT.sub("", help_text) if switch else one_default(help_text)
+    if names and not names[0].startswith("-"):
+        kwargs.pop("metavar", None)
     return parser.add_argument(*names, **kwargs)
 
 
 def settings_cli_source(
-    settings_cls: type[BaseSettings], argv: Sequence[str], prog: str, **options: Any
+    settings_cls: type[BaseSettings], argv: Sequence[str] | None, prog: str, **options: Any
 ) -> CliSettingsSource[Any]:
-    """The command-line source of ``settings_cls`` for ``argv``: raises ``SettingsError``
-    instead of printing usage, one default per option in ``--help``."""
+    """The command-line source of ``settings_cls`` (``argv`` parsed now unless None): raises
+    ``SettingsError`` instead of printing usage, one default per option in ``--help``."""
     return CliSettingsSource(
         settings_cls,
-        cli_parse_args=list(argv),
+        cli_parse_args=None if argv is None else list(argv),
         cli_prog_name=prog,
         cli_exit_on_error=False,
         add_argument_method=add_argument_one_default,
         **{"cli_hide_none_type": True, **options},
     )
+
+
+def parse_command_line(
+    settings_cls: type[Settings],
+    argv: Sequence[str] | None,
+    prog: str,
+    *,
+    description: str | None = None,
+    epilog: str | None = None,
+    **source_options: Any,
+) -> Settings:
+    """``settings_cls`` from ``argv`` (default ``sys.argv[1:]``), then its environment variables
+    and defaults. Flags are ``--kebab-case`` (pydantic-settings' ``cli_*`` settings of the class,
+    or ``source_options``, shape them); any error is one line ``prog: error: ...`` on stderr and
+    exit status 2. ``description`` (default: the class docstring) and ``epilog`` frame ``--help``,
+    reflowed to the terminal's width.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options = {"cli_kebab_case": True, "formatter_class": argparse.HelpFormatter}
+        source = settings_cli_source(settings_cls, None, prog, **{**options, **source_options})
+        if description is not None:
+            source.root_parser.description = description
+        source.root_parser.epilog = epilog
+        return CliApp.run(settings_cls, cli_args=args, cli_settings_source=source)
+    except (SettingsError, ValidationError) as err:
+        exit_with_error(prog, describe(err))
