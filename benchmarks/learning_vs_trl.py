@@ -9,7 +9,7 @@ evaluated afterwards (off the budget) by one evaluator: greedy replies to the sa
 problems, none of which either system can train on (checked at start), graded strict (exact
 ``<answer>N</answer>`` and right), lenient (right at all) and for format.
 
-    .venv/bin/python benchmarks/learning_vs_trl.py                 # 20 min each, ~55 min
+    .venv/bin/python benchmarks/learning_vs_trl.py     # 20 min each + ~22 min eval: ~63 min
     .venv/bin/python benchmarks/learning_vs_trl.py --minutes 5 --seed 1
     .venv/bin/python benchmarks/learning_vs_trl.py --run-dir DIR --eval-only   # (re)evaluate
 
