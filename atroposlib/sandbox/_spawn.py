@@ -33,6 +33,9 @@ class Sandbox:
         self.limits: dict[str, Any] = spec["limits"]
         self.namespaces: bool = spec["namespaces"]
         self.host_id: int | None = spec["host_id"]
+        # The real file, resolved while the host's filesystem is in view: a virtualenv's bin/
+        # may lie in a hidden directory (a home, /tmp) where only its target stays visible.
+        self.interpreter = os.path.realpath(sys.executable)
 
     def spawn(self, stdin: bytes, serve: bool, fresh: bool) -> tuple[int, int, tuple[int, ...]]:
         """Fork the worker; return (child pid, worker's host pid, the supervisor's fds)."""
@@ -78,8 +81,8 @@ class Sandbox:
                 mapped.write(b"m")
             lines = ready.readlines()
         pids = [int(line.split()[1]) for line in lines if line.startswith(b"pid ")]
-        if b"started\n" not in lines or not pids:
-            problem = b"".join(line for line in lines if line.startswith(b"sandbox setup failed"))
+        problem = b"".join(line for line in lines if line.startswith(b"sandbox setup failed"))
+        if b"started\n" not in lines or not pids or problem:
             raise SetupFailed(
                 problem.decode(errors="replace").strip() or "the worker did not start"
             )
@@ -115,7 +118,7 @@ class Sandbox:
                     os.close(fd)
             code = _exit_code(os.waitpid(init, 0)[1])
         except BaseException as error:
-            os.write(ready_w, f"sandbox setup failed: {error}\n".encode())
+            _report_failure(ready_w, f"sandbox setup failed: {error}")
         os._exit(code)
 
     def _init(self, keep: dict[str, int], serve: bool) -> None:
@@ -138,7 +141,7 @@ class Sandbox:
                     code = _exit_code(status)
                     break
         except BaseException as error:
-            os.write(keep["ready"], f"sandbox setup failed in init: {error}\n".encode())
+            _report_failure(keep["ready"], f"sandbox setup failed in init: {error}")
         os._exit(code)
 
     def _worker(self, keep: dict[str, int], serve: bool) -> None:
@@ -154,16 +157,18 @@ class Sandbox:
             _confine.apply_limits(self.limits)
             if self.spec["seccomp"]:
                 _confine.load_seccomp(bytes.fromhex(self.spec["seccomp"]))
-            if not self.namespaces:
-                _confine.block_with_audit_hook()
+            if not self.namespaces and keep["source"] < 0:
+                _confine.block_with_audit_hook()  # a fresh interpreter sets its own after the exec
             os.write(ready, b"started\n")
-            os.close(ready)
             if keep["source"] >= 0:
+                os.set_inheritable(ready, False)  # closed by the exec; a failed exec reports
+                interpreter = self.interpreter
                 script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
                 flags = ("-s", "-S", "-P")
-                os.execv(sys.executable, [sys.executable, *flags, script, str(_SOURCE_FD)])
+                os.execv(interpreter, [interpreter, *flags, script, str(_SOURCE_FD)])
+            os.close(ready)
         except BaseException as error:
-            os.write(ready, f"sandbox setup failed in the worker: {error}\n".encode())
+            _report_failure(ready, f"sandbox setup failed in the worker: {error}")
             os._exit(EXIT_SETUP)
         code = _worker.EXIT_RUNTIME
         try:
@@ -184,6 +189,13 @@ def kill_every_process_of(host_id: int) -> None:
         finally:
             os._exit(0)
     os.waitpid(helper, 0)
+
+
+def _report_failure(ready: int, message: str) -> None:
+    """Tell the supervisor why the sandbox could not start; never raise (this is a forked copy
+    of the supervisor: an exception here would run the supervisor's own code in the child)."""
+    with contextlib.suppress(OSError):
+        os.write(ready, f"{message}\n".encode())
 
 
 def _close_all_but(kept: set[int]) -> None:
@@ -214,7 +226,8 @@ def _arrange_fds(sources: list[int]) -> int:
 
 def _source_fd(spec: dict[str, Any], serve: bool) -> int:
     fd = os.memfd_create("program")
-    source = {"code": spec["code"], "serve": serve, "site_packages": spec["site_packages"]}
+    source = {"code": spec["code"], "serve": serve, "site_packages": spec["site_packages"],
+              "audit_hook": not spec["namespaces"]}  # fmt: skip
     os.write(fd, _wire.dumps(source))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

@@ -114,6 +114,10 @@ def main() -> int:
     with os.fdopen(int(sys.argv[1]), "rb") as handle:
         spec = _wire.loads(handle.read())
     sys.path.extend(spec["site_packages"])
+    if spec["audit_hook"]:  # no namespaces: the fallback's hook, before any of the program runs
+        import _confine
+
+        _confine.block_with_audit_hook()
     program = compile(spec["code"], "solution.py", "exec")
     code = EXIT_RUNTIME
     try:

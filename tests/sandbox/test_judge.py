@@ -3,15 +3,28 @@ per test; the sandbox's own failures raise instead of scoring; stdin/stdout runs
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from atroposlib.errors import SandboxError
-from atroposlib.sandbox import SandboxLimits, SandboxStatus, _wire, run_io, run_python, runner
+from atroposlib.sandbox import (
+    Isolation,
+    SandboxLimits,
+    SandboxStatus,
+    _wire,
+    run_io,
+    run_python,
+    runner,
+)
 
 FAST = SandboxLimits(cpu_seconds=2, wall_seconds=8, test_seconds=1)
 
@@ -85,22 +98,49 @@ def test_returned_containers_exceptions_and_mutations_behave_as_in_process() -> 
     assert result.stdout == "top level ran\n"
 
 
-def test_a_hanging_or_crashing_call_fails_only_its_test() -> None:
-    code = textwrap.dedent("""
-        import os
-        def f(x):
-            if x == 1:
-                while True:
-                    pass
-            if x == 2:
-                os._exit(9)
-            return x * 10
-        """)
-    tests = ["assert f(0) == 0", "assert f(1) == 10", "assert f(3) == 30",
-             "assert f(2) == 20", "assert f(4) == 40"]  # fmt: skip
-    result = run_python(code, tests=tests, limits=FAST)
-    assert result.status is SandboxStatus.OK
+HANGS_ON_1_DIES_ON_2 = textwrap.dedent("""
+    import os
+    def f(x):
+        if x == 1:
+            while True:
+                pass
+        if x == 2:
+            os._exit(9)
+        return x * 10
+    """)
+FIVE_TESTS = ["assert f(0) == 0", "assert f(1) == 10", "assert f(3) == 30",
+              "assert f(2) == 20", "assert f(4) == 40"]  # fmt: skip
+
+
+@pytest.mark.parametrize("isolation", [None, Isolation.AUDIT_HOOK], ids=["detected", "audit_hook"])
+def test_a_hanging_or_crashing_call_fails_only_its_test(isolation: Isolation | None) -> None:
+    """After each, a fresh interpreter is started for the next test (the fallback too: its
+    audit hook, which refuses exec, is set by that interpreter, not before the exec)."""
+    result = run_python(HANGS_ON_1_DIES_ON_2, tests=FIVE_TESTS, limits=FAST, isolation=isolation)
+    assert result.status is SandboxStatus.OK, result.stderr_tail
     assert result.tests_passed == [True, False, True, False, True]
+
+
+def test_restarts_work_from_a_virtualenv_inside_a_hidden_directory(tmp_path: Path) -> None:
+    """A virtualenv under /tmp or a home (a fresh clone's .venv): the sandbox hides its bin/,
+    only the Python installation its symlink points to stays visible. The restart once exec'd
+    the hidden path and every later test failed: the reward was wrong, silently."""
+    assert any(str(tmp_path).startswith(hidden + "/") for hidden in runner.hidden_directories())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    script = textwrap.dedent(f"""
+        import json
+        from atroposlib.sandbox import SandboxLimits, run_python
+        limits = SandboxLimits(cpu_seconds=2, wall_seconds=8, test_seconds=1)
+        result = run_python({HANGS_ON_1_DIES_ON_2!r}, tests={FIVE_TESTS!r}, limits=limits)
+        print(json.dumps([result.status.value, result.tests_passed, result.stderr_tail]))
+        """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", script], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    status, passed, stderr_tail = json.loads(done.stdout)
+    assert (status, passed) == ("ok", [True, False, True, False, True]), stderr_tail
 
 
 def test_trusted_setup_and_solution_names() -> None:
