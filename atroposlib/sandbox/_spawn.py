@@ -162,10 +162,9 @@ class Sandbox:
             os.write(ready, b"started\n")
             if keep["source"] >= 0:
                 os.set_inheritable(ready, False)  # closed by the exec; a failed exec reports
-                interpreter = self.interpreter
                 script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
                 flags = ("-s", "-S", "-P")
-                os.execv(interpreter, [interpreter, *flags, script, str(_SOURCE_FD)])
+                os.execv(self.interpreter, [self.interpreter, *flags, script, str(_SOURCE_FD)])
             os.close(ready)
         except BaseException as error:
             _report_failure(ready, f"sandbox setup failed in the worker: {error}")
