@@ -131,7 +131,7 @@ def test_restarts_work_from_a_virtualenv_inside_a_hidden_directory(tmp_path: Pat
     script = textwrap.dedent(f"""
         import json
         from atroposlib.sandbox import SandboxLimits, run_python
-        limits = SandboxLimits(cpu_seconds=2, wall_seconds=8, test_seconds=1)
+        limits = SandboxLimits.model_validate({FAST.model_dump()!r})
         result = run_python({HANGS_ON_1_DIES_ON_2!r}, tests={FIVE_TESTS!r}, limits=limits)
         print(json.dumps([result.status.value, result.tests_passed, result.stderr_tail]))
         """)
