@@ -30,6 +30,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -140,6 +141,11 @@ class GroupMeta(BaseModel):
             return own
         shared = getattr(self.group_overrides, key, None)
         return default if shared is None else shared
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _empty_messages_mean_none(cls, value: Any) -> Any:
+        return None if value == [] else value  # Atropos's clients send [] for "no messages"
 
     @model_validator(mode="after")
     def _one_entry_per_sequence(self) -> Self:

@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atropos_names import SourceTree, our_object
+from atropos_own_tests import RESULTS, table
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "docs" / "atropos-compat.json"
@@ -179,6 +180,8 @@ def render(manifest: dict[str, Any]) -> str:
         origin = "" if row["origin"] == "0.4.0" else " (repository)"
         lines.append(f"| `{row['module']}`{origin} | `{row['name']}` | {row['kind']} | {mark} | "
                      f"{members} |")  # fmt: skip
+    if RESULTS.exists():
+        lines += ["", *table(json.loads(RESULTS.read_text()))]
     return "\n".join(lines) + "\n"
 
 

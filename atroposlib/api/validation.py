@@ -178,6 +178,8 @@ def check_group(raw: Any, *, batch_size: int | None = None) -> CheckedGroup:
     """Validate one decoded group; ``batch_size`` (when known) bounds the number of sequences."""
     if not isinstance(raw, dict):
         raise InvalidGroupError("body", "a group must be a JSON object with tokens/masks/scores")
+    if raw.get("messages") == []:  # Atropos's clients send [] for "no messages"
+        raw = {**raw, "messages": None}
     token_rows = _rows(raw, "tokens", None)
     if token_rows is None:
         raise InvalidGroupError("tokens", "is required: one list of token ids per sequence")

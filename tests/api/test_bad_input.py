@@ -207,6 +207,7 @@ VALID_AND_INVALID_FOR_BOTH: list[dict[str, Any]] = [
     _with(group_overrides={"group_size": 0}),
     _with(group_overrides={"temperature": "hot"}),
     _with(messages=[[{"role": "user", "content": "hi"}]]),
+    _with(messages=[]),
 ]
 
 
@@ -291,3 +292,17 @@ def test_token_rows_must_be_int32_integers(row: list[Any], ok: bool) -> None:
             with pytest.raises(InvalidGroupError) as err:
                 check_group(raw)
             assert err.value.field == f"{field}[0]"
+
+
+@pytest.mark.parametrize("no_messages", [{}, {"messages": None}, {"messages": []}])
+async def test_no_messages_in_any_spelling_is_accepted_as_none(
+    client: httpx.AsyncClient, no_messages: dict[str, Any]
+) -> None:
+    """Atropos 0.4's clients send ``"messages": []`` for one sequence with no chat: 200."""
+    await client.post("/register", json=trainer_body(batch_size=1, max_token_len=32))
+    group = {"tokens": [[1, 2, 3]], "masks": [[1, 1, 1]], "scores": [1.0], **no_messages}
+    answer = await client.post("/scored_data", json=group)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "received"
+    batch = (await client.get("/batch")).json()["batch"]
+    assert batch is not None and batch[0]["messages"] is None
