@@ -1,5 +1,6 @@
 """The batch machinery with the real model in-process: rows joining and leaving mid-flight
-produce exactly the tokens and log-probabilities a lone forward pass gives."""
+produce exactly the tokens and log-probabilities a lone forward pass gives, on both decode
+paths (the fast path's shared-prompt cache and the transformers forward)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,28 @@ import pytest
 import torch
 from inference_helpers import SERVER_FLAGS
 
-from atroposlib.inference.batch import Sequence
+from atroposlib.inference.batch import PaddedCache, Sequence
 from atroposlib.inference.engine import ModelRunner
+from atroposlib.inference.kv_cache import PrefixSharedCache
 from atroposlib.inference.sampling import SamplingParams
 
 pytestmark = [pytest.mark.model]
 
 
 @pytest.fixture(scope="module")
-def runner(test_model_path: Path) -> Iterator[ModelRunner]:
+def loaded_runner(test_model_path: Path) -> Iterator[ModelRunner]:
     threads = torch.get_num_threads()
     torch.set_num_threads(int(SERVER_FLAGS[1]))  # as the test servers run
     yield ModelRunner(test_model_path)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=["fast", "transformers"])
+def runner(loaded_runner: ModelRunner, request: pytest.FixtureRequest) -> Iterator[ModelRunner]:
+    assert loaded_runner.fast_decode, "the test model's architecture has the fast path"
+    loaded_runner.fast_decode = request.param == "fast"
+    yield loaded_runner
+    loaded_runner.fast_decode = True
 
 
 def chat(runner: ModelRunner, question: str) -> list[int]:
@@ -110,7 +120,13 @@ def test_a_shared_prompt_is_run_once_and_each_row_samples_on_its_own(runner: Mod
     ]
     rows.append(Sequence(chat(runner, "Hi"), SamplingParams(max_new_tokens=5, temperature=0)))
     batch = runner.prefill(rows)
-    assert batch.cache.layers[0].keys.shape[0] == 5  # type: ignore[union-attr]
+    if isinstance(batch.cache, PrefixSharedCache):  # one shared prompt; the lone row's own
+        assert [prefix.tokens for prefix in batch.cache.prefixes()] == [tuple(prompt)]
+        assert batch.cache.prefix_of[4] is None and int(batch.cache.lengths[4]) == len(
+            rows[4].prompt_ids
+        )
+    else:
+        assert isinstance(batch.cache, PaddedCache) and len(batch.cache) == 5
     run_to_end(runner, batch)
     assert len({tuple(row.output_ids) for row in rows[:4]}) > 1
     for seq in rows:
