@@ -49,7 +49,7 @@ def empty_cache(model: PreTrainedModel, device: torch.device) -> PrefixSharedCac
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    dtype = model.get_input_embeddings().weight.dtype
+    dtype = model.dtype
     return PrefixSharedCache(int(config.num_hidden_layers), kv_heads, head_dim, dtype, device)
 
 
