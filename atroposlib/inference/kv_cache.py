@@ -145,7 +145,7 @@ class PrefixSharedCache:
         own.masked_fill_(unused[:, None, None, :], float("-inf"))
         groups = self._prefix_groups()
         if not groups:
-            probs = torch.softmax(own.mul_(scale), dim=-1)
+            probs = _softmax(own.mul_(scale))
             return torch.matmul(probs, own_values).view(rows, heads, dim)
         longest = max(prefix.keys.shape[2] for prefix, _ in groups)
         shared = own.new_full((rows, kv_heads, group, longest), float("-inf"))
@@ -154,7 +154,7 @@ class PrefixSharedCache:
             q_shared = q[members].permute(1, 0, 2, 3).reshape(kv_heads, n * group, dim)
             scores = torch.matmul(q_shared, prefix.keys[layer].transpose(-1, -2))
             shared[members, :, :, :length] = scores.view(kv_heads, n, group, length).transpose(0, 1)
-        probs = torch.softmax(torch.cat([shared, own], dim=-1).mul_(scale), dim=-1)
+        probs = _softmax(torch.cat([shared, own], dim=-1).mul_(scale))
         out = torch.matmul(probs[..., longest:], own_values)  # (B, kv_heads, group, dim)
         for prefix, members in groups:
             length, n = prefix.keys.shape[2], len(members)
@@ -194,6 +194,11 @@ class PrefixSharedCache:
         keys[:, :used, :, :have_length] = self.keys[:, :used]
         values[:, :used, :, :have_length] = self.values[:, :used]
         self.keys, self.values = keys, values
+
+
+def _softmax(scores: Tensor) -> Tensor:
+    """Softmax in float32 whatever the cache's dtype (as attention kernels accumulate)."""
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
 
 
 def _round_up(value: int, chunk: int) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from inference_helpers import SERVER_FLAGS
+from inference_helpers import SERVER_FLAGS, chat, forward_logprobs
 
 from atroposlib.inference.batch import PaddedCache, Sequence
 from atroposlib.inference.engine import ModelRunner
@@ -35,22 +35,6 @@ def runner(loaded_runner: ModelRunner, request: pytest.FixtureRequest) -> Iterat
     loaded_runner.fast_decode = request.param == "fast"
     yield loaded_runner
     loaded_runner.fast_decode = True
-
-
-def chat(runner: ModelRunner, question: str) -> list[int]:
-    text = runner.tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-    return list(runner.tokenizer.encode(str(text), add_special_tokens=False))
-
-
-def forward_logprobs(runner: ModelRunner, seq: Sequence) -> torch.Tensor:
-    with torch.no_grad():
-        ids = torch.tensor([seq.prompt_ids + seq.output_ids])
-        logits = runner.model(ids).logits[0, len(seq.prompt_ids) - 1 : -1]
-    temperature = seq.params.temperature or 1.0
-    log_probs = torch.log_softmax(logits / temperature, dim=-1)
-    return log_probs.gather(-1, torch.tensor(seq.output_ids)[:, None])[:, 0]
 
 
 def run_to_end(runner: ModelRunner, batch: Any) -> None:
