@@ -136,17 +136,21 @@ def test_a_running_prompt_is_reused_only_under_the_weights_that_computed_it(
         hook.remove()
 
 
+def _tiny_llama() -> LlamaConfig:
+    return LlamaConfig(
+        num_hidden_layers=1, vocab_size=64, hidden_size=16, intermediate_size=32,
+        num_attention_heads=2,
+    )  # fmt: skip
+
+
 def test_only_architectures_it_knows_take_the_fast_path() -> None:
-    tiny = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
-    llama = AutoModelForCausalLM.from_config(
-        LlamaConfig(num_hidden_layers=1, vocab_size=64, **tiny)
-    )
+    llama = AutoModelForCausalLM.from_config(_tiny_llama())
     assert supports(llama)
     gpt2 = AutoModelForCausalLM.from_config(
         GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64)
     )
     assert not supports(gpt2)
-    windowed = LlamaConfig(num_hidden_layers=1, vocab_size=64, **tiny)
+    windowed = _tiny_llama()
     windowed.layer_types = ["sliding_attention"]
     llama.config = windowed
     assert not supports(llama)
