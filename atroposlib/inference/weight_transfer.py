@@ -9,16 +9,22 @@ A chunk travels one of two ways, both on CPU:
   the JSON body names the block with each tensor's name, dtype, shape and byte size (vLLM's
   ``update_info`` fields for its packed IPC transfer).
 
-Chunks are copied into a staging area in the served dtype, beside the served weights, so the
-server keeps generating while they arrive; ``finish`` hands the staged tensors to the worker,
-which swaps them in between two decode steps (:meth:`ModelRunner.install`).
+Chunks are copied (once) into a staging area in the served dtype, beside the served weights,
+so the server keeps generating while they arrive; ``finish`` hands the staged tensors to the
+worker, which swaps them in between two decode steps (:meth:`ModelRunner.install`). The copies
+run on a low-priority thread (:func:`staging_executor`): on a machine whose cores the decode
+thread shares with the trainer, a decode step must not wait behind a weight copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker, shared_memory
 
@@ -33,6 +39,24 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 _SHM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+STAGING_NICENESS = 10
+"""How much lower than the decode thread the staging thread runs (Linux ``nice`` steps)."""
+
+
+def staging_executor() -> ThreadPoolExecutor:
+    """One thread for decoding and copying weight chunks, at a lower CPU priority than the
+    rest of the server (where the OS allows a thread its own niceness)."""
+    return ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="weight-staging", initializer=_lower_priority
+    )
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not permitted
+        thread = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + STAGING_NICENESS
+        )
 
 
 class TransferError(ValueError):
@@ -56,8 +80,12 @@ class Staging:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     chunks: int = 0
 
-    def add(self, chunk: Mapping[str, Tensor]) -> int:
-        """Check every tensor of ``chunk`` against the served parameter, then stage them all."""
+    def add(self, chunk: Mapping[str, Tensor], owned: bool = True) -> int:
+        """Check every tensor of ``chunk`` against the served parameter, then stage them all.
+
+        ``owned``: the tensors are this server's (a decoded request body) and are kept as
+        they are when already in the served dtype; otherwise (views of a shared-memory block)
+        each is copied, once, into a tensor of the served dtype."""
         if not chunk:
             raise TransferError(
                 "update_info.names", "the chunk holds no tensors; send at least one"
@@ -73,7 +101,11 @@ class Staging:
             if not tensor.is_floating_point():
                 raise TransferError(name, f"dtype {tensor.dtype} is not a floating point type")
         for name, tensor in chunk.items():
-            self.tensors[name] = tensor.to(self.expected[name][1], copy=True).contiguous()
+            dtype = self.expected[name][1]
+            if owned:
+                self.tensors[name] = tensor.to(dtype).contiguous()
+            else:
+                self.tensors[name] = torch.empty(tensor.shape, dtype=dtype).copy_(tensor)
         self.chunks += 1
         return len(chunk)
 
@@ -94,10 +126,15 @@ def read_safetensors(body: bytes) -> dict[str, Tensor]:
         ) from error
 
 
-def read_shared_memory(
-    shm_name: str, names: list[str], dtype_names: list[str], shapes: list[list[int]]
-) -> dict[str, Tensor]:
-    """Copy the tensors packed back to back (in order, no padding) out of a shared block."""
+def stage_shared_memory(
+    staging: Staging,
+    shm_name: str,
+    names: list[str],
+    dtype_names: list[str],
+    shapes: list[list[int]],
+) -> int:
+    """Stage the tensors packed back to back (in order, no padding) in a shared block,
+    copied straight out of the block (one copy each); how many were staged."""
     if not _SHM_NAME.match(shm_name):
         raise TransferError("update_info.shm_name", "must be a plain shared-memory block name")
     if not len(names) == len(dtype_names) == len(shapes):
@@ -116,19 +153,23 @@ def read_shared_memory(
         raise TransferError(
             "update_info.shm_name", f"no shared-memory block {shm_name!r}"
         ) from error
+    views: dict[str, Tensor] = {}
     try:
         if sum(sizes) > block.size:
             raise TransferError(
                 "update_info", f"the tensors need {sum(sizes)} bytes, the block has {block.size}"
             )
-        out, offset = {}, 0
+        offset = 0
         for name, dtype, shape, size in zip(names, dtypes, shapes, sizes, strict=True):
-            view = torch.frombuffer(block.buf, dtype=torch.uint8, count=size, offset=offset)
-            out[name] = view.view(dtype).reshape(shape).clone()
-            del view  # the block cannot close while a tensor points into it
+            views[name] = (
+                torch.frombuffer(block.buf, dtype=torch.uint8, count=size, offset=offset)
+                .view(dtype)
+                .reshape(shape)
+            )
             offset += size
-        return out
+        return staging.add(views, owned=False)
     finally:
+        views.clear()  # the block cannot close while a tensor points into it
         block.close()
 
 
