@@ -77,19 +77,33 @@ def _keep_top_k(log_probs: torch.Tensor, top_k: list[int]) -> torch.Tensor:
     return _renormalise(log_probs.masked_fill(log_probs < kth, float("-inf")))
 
 
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor, block: int = 256) -> torch.Tensor:
     """One draw per row of ``probs`` (R, V; unnormalised is fine) from ``uniforms`` (R,) in
-    [0, 1): the first token whose cumulative probability (float64) exceeds ``u * total``.
+    [0, 1): the first token whose cumulative probability exceeds ``u * total``.
 
-    A token of probability 0 is never drawn: the cumulative sum does not rise at it. One
-    cumulative sum and a binary search per row, instead of a multinomial draw per row
-    (which cost as much as the model's last layer for a batch of 32 rows).
+    In two levels, both in float64: the row's mass per block of ``block`` tokens finds the
+    block, a cumulative sum inside that block alone finds the token (one pass over the row
+    instead of a full cumulative sum, itself ~7x cheaper than a multinomial draw per row).
+    A token of probability 0 is never drawn: no cumulative sum rises at it, and each target
+    is kept inside [0, the sum it searches).
     """
-    cdf = probs.double().cumsum(dim=-1)  # (R, V)
-    total = cdf[:, -1:]
-    below_total = torch.nextafter(total, torch.zeros_like(total))  # u * total may round up
-    target = torch.minimum(uniforms.unsqueeze(-1).double() * total, below_total)
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    rows, vocab = probs.shape
+    blocks = -(-vocab // block)
+    padded = torch.nn.functional.pad(probs, (0, blocks * block - vocab)).view(rows, blocks, block)
+    mass = padded.sum(dim=-1, dtype=torch.float64)  # (R, blocks)
+    cdf = mass.cumsum(dim=-1)
+    target = _below(uniforms.unsqueeze(-1).double() * cdf[:, -1:], cdf[:, -1:])
+    which = torch.searchsorted(cdf, target, right=True)  # (R, 1): the block
+    inside = padded[torch.arange(rows, device=probs.device), which[:, 0]].double().cumsum(-1)
+    offset = target - (cdf.gather(-1, which) - mass.gather(-1, which))
+    offset = _below(offset.clamp(min=0.0), inside[:, -1:])  # the block's own sum rounds apart
+    token = which * block + torch.searchsorted(inside, offset, right=True)
+    return token.squeeze(-1)
+
+
+def _below(value: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """``value``, at most the largest float below ``limit`` (so a search lands inside)."""
+    return torch.minimum(value, torch.nextafter(limit, torch.zeros_like(limit)))
 
 
 def _uniforms(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
