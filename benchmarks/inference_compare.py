@@ -93,14 +93,10 @@ def messages(mix: Mix, index: int) -> list[dict[str, str]]:
         a, b = rng.randint(0, 100), rng.randint(0, 100)
         shown.append({"role": "user", "content": ask.format(a, b)})
         shown.append({"role": "assistant", "content": (
-            f"<think>I add the tens and then the ones: {a} + {b} = {a + b}. Checking again by "
-            f"counting up from {a} by {b} gives {a + b} as well.</think><answer>{a + b}</answer>"
+            f"<think>I add the tens and then the ones: {a} + {b} = {a + b}. Counting up "
+            f"from {a} by {b} gives {a + b} as well.</think><answer>{a + b}</answer>"
         )})  # fmt: skip
-    system = {"role": "system", "content": (
-        "You are a careful assistant who solves arithmetic problems. Think step by step "
-        "inside <think></think> tags, keep the reasoning short, and then write only the "
-        "final number inside <answer></answer> tags, with nothing after the closing tag."
-    )}  # fmt: skip
+    system = {"role": "system", "content": "Think inside <think></think>, then answer."}
     question = {"role": "user", "content": ask.format(rng.randint(0, 100), rng.randint(0, 100))}
     return [system, *shown, question]
 
