@@ -30,7 +30,7 @@ class ServerState:
     staging: Staging | None = None
     """The weight update in progress (``/start_weight_update`` .. ``/finish_weight_update``)."""
     staging_pool: ThreadPoolExecutor = field(default_factory=staging_executor)
-    """Where chunks are decoded and copied (a low-priority thread; shut down with the app)."""
+    """Where chunks are decoded and copied (one thread; shut down with the app)."""
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
