@@ -112,13 +112,16 @@ def prepare(scratch: Path) -> Path:
     return overlay / "tests"
 
 
-def run_pytest(scratch: Path, tests: Path, only: str | None, extra: list[str]) -> Path:
+def run_pytest(
+    scratch: Path, tests: Path, only: str | None, extra: list[str], python: str
+) -> Path:
     report = scratch / "report.xml"
     targets = sorted(str(p.relative_to(scratch)) for p in tests.rglob("test_*.py")
                      if only is None or fnmatch.fnmatch(p.name, only))  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(scratch))  # fmt: skip
-    subprocess.run([sys.executable, "-m", "pytest", "--rootdir", str(scratch),
+    env["PYTHONPATH"] += os.pathsep + str(REPO)  # our package, also from another interpreter
+    subprocess.run([python, "-m", "pytest", "--rootdir", str(scratch),
                     "-c", str(scratch / "pytest.ini"), "--import-mode=importlib",
                     f"--junitxml={report}", "-q", "--continue-on-collection-errors",
                     *targets, *extra],
@@ -170,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="test files matching this glob, e.g. 'test_api_*'")
     parser.add_argument("--record", action="store_true", help="write the docs table")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter to run them with (e.g. the vLLM venv's, for the "
+                        "tests that need vllm)")  # fmt: skip
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
     args = parser.parse_args(argv)
 
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             origin = lay_out_from_wheel(args.wheel, scratch)
         tests = prepare(scratch)
-        report = run_pytest(scratch, tests, args.only, args.pytest_args)
+        report = run_pytest(scratch, tests, args.only, args.pytest_args, args.python)
         if not report.exists():
             print(f"pytest wrote no report ({report}): see its output above")
             return 1
