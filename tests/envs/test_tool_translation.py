@@ -111,3 +111,25 @@ def test_a_parser_we_cannot_load_is_a_config_error(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(tool_call_translator, "_vllm_classes", lambda: None)
     with pytest.raises(ConfigError, match="needs vLLM's tool parsers"):
         ToolCallTranslator(ChatCharTokenizer(), parser_name="llama3_json")
+
+
+class RefusingParser:
+    def __init__(self, tokenizer: Any) -> None:
+        raise RuntimeError("no <tool_call> token in the vocabulary")
+
+
+class RefusingManager:
+    @staticmethod
+    def get_tool_parser(name: str) -> type[RefusingParser]:
+        return RefusingParser
+
+
+def test_a_vllm_parser_that_refuses_the_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        tool_call_translator, "_vllm_classes", lambda: {"ToolParserManager": RefusingManager}
+    )
+    hermes = ToolCallTranslator(ChatCharTokenizer(), parser_name="hermes")
+    assert hermes.parser is None, "hermes falls back to ours"
+    assert hermes.parse_model_output(CALL, "auto", TOOLS)[2] == "tool_calls"
+    with pytest.raises(ConfigError, match="refuses this tokenizer: no <tool_call> token"):
+        ToolCallTranslator(ChatCharTokenizer(), parser_name="mistral")

@@ -145,7 +145,18 @@ class ToolCallTranslator:
                 raise ConfigError(
                     f"tool_parser {parser_name!r} is not one of vLLM's: {', '.join(known)}"
                 ) from None
-            self.parser = parser_class(tokenizer)
+            try:
+                self.parser = parser_class(tokenizer)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                if parser_name not in BUILTIN_PARSERS:
+                    raise ConfigError(
+                        f"vLLM's {parser_name!r} tool parser refuses this tokenizer: {exc}"
+                    ) from exc
+                logger.warning(
+                    "vLLM's %r tool parser refuses this tokenizer (%s); using ours",
+                    parser_name,
+                    exc,
+                )
         elif parser_name not in BUILTIN_PARSERS:
             raise ConfigError(
                 f"tool_parser {parser_name!r} needs vLLM's tool parsers (pip install vllm); "
