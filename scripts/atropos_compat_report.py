@@ -45,15 +45,11 @@ NOT_PROVIDED = {
     "external agents; not ported",
     "atroposlib.envs.server_handling.proxy_client": "client of that proxy; not ported",
     "atroposlib.envs.server_handling.trl_vllm_server": "TRL's vllm-serve backend; not ported",
-    "atroposlib.envs.server_handling.tool_call_translator": "vLLM tool-parser bridge; our "
-    "managed_server parses hermes tool calls itself",
     "atroposlib.utils.cli": "Atropos's CLI internals (also re-exported by envs.base and the "
     "teacher env: merge_dicts, extract_namespace, ...); our CLI is envs.settings",
     "atroposlib.utils.force_diverse_samples": "not ported",
     "atroposlib.utils.tokenizers.qwen_fixed_tokenizer": "not ported",
     "atroposlib.utils.tokenizers": "not ported",
-    "atroposlib.envs.server_handling.server_harness": "Atropos's scripted test double; ours is "
-    "envs.server_handling.harness (the --testing server)",
     "resolve_openai_configs": "Atropos's CLI internal; our CLI resolves servers in envs.settings",
     "AsyncSemWithAdaptiveWeight": "Atropos's weighted semaphore; our ServerManager counts "
     "in-flight requests per server (same weighting)",

@@ -118,9 +118,10 @@ def run_pytest(
     report = scratch / "report.xml"
     targets = sorted(str(p.relative_to(scratch)) for p in tests.rglob("test_*.py")
                      if only is None or fnmatch.fnmatch(p.name, only))  # fmt: skip
+    # the overlay, then this checkout's package (also for another interpreter), then the caller's
+    path = os.pathsep.join(p for p in (str(scratch), str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(scratch))  # fmt: skip
-    env["PYTHONPATH"] += os.pathsep + str(REPO)  # our package, also from another interpreter
+               TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=path)  # fmt: skip
     subprocess.run([python, "-m", "pytest", "--rootdir", str(scratch),
                     "-c", str(scratch / "pytest.ini"), "--import-mode=importlib",
                     f"--junitxml={report}", "-q", "--continue-on-collection-errors",
