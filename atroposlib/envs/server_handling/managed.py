@@ -7,6 +7,7 @@ they are and only the new suffix is tokenized, so multi-turn rollouts are never 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -17,6 +18,8 @@ from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.protocol import MASK_IGNORE_INDEX
+
+logger = logging.getLogger(__name__)
 
 
 class TokenSampler(Protocol):
@@ -80,18 +83,35 @@ class ManagedServer:
         ]
         return ChatCompletion.model_validate(_envelope("chat.completion", choices))
 
-    async def _extend(self, prompt: str, n: int, sampling: dict[str, Any]) -> list[tuple[str, str]]:
+    def input_ids_for(self, prompt: str) -> list[int]:
+        """The ids a request for ``prompt`` sends: the longest tracked node it extends, as
+        recorded, then only the new text tokenized."""
         parent = self._longest_prefix_node(prompt)
         if parent is None:
-            new_ids = self._encode(prompt)
-            prefix_ids, prefix_masks, prefix_logprobs = [], [], []
-        else:
-            new_ids = self._encode(prompt[len(parent.full_text) :])
-            prefix_ids, prefix_masks = parent.tokens, parent.masked_tokens
-            prefix_logprobs = parent.logprobs
+            return self._encode(prompt)
+        return [*parent.tokens, *self._encode(prompt[len(parent.full_text) :])]
+
+    async def _sample(
+        self, prompt: str, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> tuple[list[int], Sequence[GeneratedSequence]]:
+        """(the ids the engine saw, its samples); a subclass may route elsewhere."""
+        return input_ids, await self.manager.generate(input_ids, n, sampling)
+
+    async def _extend(self, prompt: str, n: int, sampling: dict[str, Any]) -> list[tuple[str, str]]:
+        parent = self._longest_prefix_node(prompt)
+        prompt_ids, samples = await self._sample(prompt, self.input_ids_for(prompt), n, sampling)
+        if parent is not None and prompt_ids[: len(parent.tokens)] != parent.tokens:
+            logger.warning(
+                "the engine saw other ids than the tracked node's (%d recorded ids); the "
+                "reply starts a new node and the old one is kept as it was",
+                len(parent.tokens),
+            )
+            parent = None
+        prefix_masks = parent.masked_tokens if parent is not None else []
+        prefix_logprobs = parent.logprobs if parent is not None else []
+        new_length = len(prompt_ids) - len(prefix_masks)
+        if parent is not None and parent in self.nodes:  # replaced only once sampled
             self.nodes.remove(parent)
-        input_ids = [*prefix_ids, *new_ids]
-        samples = await self.manager.generate(input_ids, n, sampling)
         out: list[tuple[str, str]] = []
         for sample in samples:
             text = self.tokenizer.decode(sample.output_ids, skip_special_tokens=True)
@@ -99,18 +119,18 @@ class ManagedServer:
             self.nodes.append(
                 SequenceNode(
                     full_text=prompt + raw,
-                    tokens=[*input_ids, *sample.output_ids],
+                    tokens=[*prompt_ids, *sample.output_ids],
                     masked_tokens=[
                         *prefix_masks,
-                        *[MASK_IGNORE_INDEX] * len(new_ids),
+                        *[MASK_IGNORE_INDEX] * new_length,
                         *sample.output_ids,
                     ],
                     logprobs=[
                         *prefix_logprobs,
-                        *[PROMPT_LOGPROB] * len(new_ids),
+                        *[PROMPT_LOGPROB] * new_length,
                         *sample.logprobs,
                     ],
-                    metadata={"finish_reason": sample.finish_reason},
+                    metadata=_metadata(sample),
                 )
             )
             out.append((text, sample.finish_reason))
@@ -124,6 +144,13 @@ class ManagedServer:
         if not text:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _metadata(sample: GeneratedSequence) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"finish_reason": sample.finish_reason}
+    if sample.weight_version is not None:
+        metadata["weight_version"] = sample.weight_version
+    return metadata
 
 
 def _openai_reason(reason: str) -> str:
