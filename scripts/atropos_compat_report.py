@@ -52,8 +52,6 @@ NOT_PROVIDED = {
     "atroposlib.utils.force_diverse_samples": "not ported",
     "atroposlib.utils.tokenizers.qwen_fixed_tokenizer": "not ported",
     "atroposlib.utils.tokenizers": "not ported",
-    "atroposlib.envs.server_handling.server_harness": "Atropos's scripted test double; ours is "
-    "envs.server_handling.harness (the --testing server)",
     "resolve_openai_configs": "Atropos's CLI internal; our CLI resolves servers in envs.settings",
     "AsyncSemWithAdaptiveWeight": "Atropos's weighted semaphore; our ServerManager counts "
     "in-flight requests per server (same weighting)",

@@ -6,6 +6,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -148,6 +149,34 @@ def weight_version(value: Any) -> int | None:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return None
+
+
+TokenAnswer = tuple[list[int], list[list[int]], list[list[float]], list[str]]
+"""(prompt ids, output ids per choice, logprobs per choice, finish reasons)."""
+
+Generate = Callable[[list[int], int, dict[str, Any]], Awaitable[Sequence[GeneratedSequence]]]
+
+
+async def sample_tokens(
+    generate: Generate, tokenizer: Callable[[], Any], kwargs: dict[str, Any]
+) -> TokenAnswer:
+    """``tokens_and_logprobs_completion`` on top of a ``generate``: ``input_ids`` are sent as
+    they are; a ``prompt`` alone is tokenized as a completions endpoint does (special tokens
+    added)."""
+    sampling = {k: v for k, v in kwargs.items() if k not in ("model", "input_ids", "prompt")}
+    prompt_ids = kwargs.get("input_ids")
+    if prompt_ids is None:
+        if kwargs.get("prompt") is None:
+            raise ValueError("tokens_and_logprobs_completion needs input_ids or prompt")
+        prompt_ids = tokenizer().encode(kwargs["prompt"])
+    n = int(sampling.pop("n", 1) or 1)
+    samples = await generate(list(prompt_ids), n, sampling)
+    return (
+        list(prompt_ids),
+        [s.output_ids for s in samples],
+        [s.logprobs for s in samples],
+        [s.finish_reason for s in samples],
+    )
 
 
 class APIServer(ABC):
@@ -293,24 +322,10 @@ class APIServer(ABC):
             "use server_type vllm, sglang or embedded for managed_server()"
         )
 
-    async def tokens_and_logprobs_completion(
-        self, **kwargs: Any
-    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
         """Atropos 0.4's token call: ``input_ids`` (or ``prompt``, tokenized) and sampling
         kwargs -> (prompt ids, output ids per choice, logprobs per choice, finish reasons)."""
-        kwargs.pop("model", None)
-        prompt_ids = kwargs.pop("input_ids", None)
-        prompt = kwargs.pop("prompt", None)
-        if prompt_ids is None:
-            prompt_ids = list(self.tokenizer.encode(prompt))
-        n = int(kwargs.pop("n", 1) or 1)
-        samples = await self.generate(list(prompt_ids), n, kwargs)
-        return (
-            list(prompt_ids),
-            [s.output_ids for s in samples],
-            [s.logprobs for s in samples],
-            [s.finish_reason for s in samples],
-        )
+        return await sample_tokens(self.generate, lambda: self.tokenizer, kwargs)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs (Atropos 0.4 shape): ``input_ids`` or ``prompt``, ``top_k`` ->

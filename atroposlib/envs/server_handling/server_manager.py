@@ -16,7 +16,6 @@ from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.dedicated import DedicatedServer
-from atroposlib.envs.server_handling.harness import ServerHarness
 from atroposlib.envs.server_handling.managed_server import (
     DummyManagedServer,
     ManagedServer,
@@ -29,7 +28,10 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     GeneratedSequence,
     ServerBaseline,
+    TokenAnswer,
+    sample_tokens,
 )
+from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.sglang_server import EmbeddedServer, SGLangServer
 from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
@@ -230,13 +232,12 @@ class ServerManager:
         results = await asyncio.gather(*(self._call(split, op(c), pool) for c in self._chunks(n)))
         return [sequence for chunk in results for sequence in chunk]
 
-    async def tokens_and_logprobs_completion(
-        self, **kwargs: Any
-    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
-        """Atropos 0.4's token call on a server that returns token ids (see APIServer)."""
-        split = "eval" if kwargs.pop("split", "train") != "train" else "train"
-        pool = self._token_servers()
-        return await self._call(split, lambda s: s.tokens_and_logprobs_completion(**kwargs), pool)
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
+        """Atropos 0.4's token call on servers that return token ids, ``n`` split like
+        ``generate`` (see APIServer)."""
+        return await sample_tokens(
+            self.generate, lambda: self._token_servers()[0].tokenizer, kwargs
+        )
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs (top-k) of ``input_ids`` or ``prompt``; see APIServer.get_logprobs."""
@@ -331,6 +332,9 @@ class _Pinned:
         return await self.manager.call_on(
             split, lambda server: server.generate(input_ids, n, sampling), self.servers
         )
+
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
+        return await sample_tokens(self.generate, lambda: self.servers[0].tokenizer, kwargs)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         return await self.manager.get_logprobs(**kwargs)
