@@ -116,8 +116,9 @@ def run_pytest(scratch: Path, tests: Path, only: str | None, extra: list[str]) -
     report = scratch / "report.xml"
     targets = sorted(str(p.relative_to(scratch)) for p in tests.rglob("test_*.py")
                      if only is None or fnmatch.fnmatch(p.name, only))  # fmt: skip
+    path = os.pathsep.join([str(scratch), str(REPO), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(scratch))  # fmt: skip
+               TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=path)  # fmt: skip
     subprocess.run([sys.executable, "-m", "pytest", "--rootdir", str(scratch),
                     "-c", str(scratch / "pytest.ini"), "--import-mode=importlib",
                     f"--junitxml={report}", "-q", "--continue-on-collection-errors",

@@ -101,11 +101,12 @@ class SessionRecorder(ManagedServer):
     async def _sample(
         self, prompt: str, input_ids: list[int], n: int, sampling: dict[str, Any]
     ) -> tuple[list[int], Sequence[GeneratedSequence]]:
-        if isinstance(self.server, APIServer):  # ours: token-in/token-out with weight versions
-            samples = await self._retrying(lambda: self.server.generate(input_ids, n, sampling))
+        server = self.server
+        if _speaks_generate(server):  # ours: token-in/token-out, with weight versions
+            samples = await self._retrying(lambda: server.generate(input_ids, n, sampling))
             return input_ids, samples
-        answer = await self._retrying(  # Atropos's contract for any other server object
-            lambda: self.server.tokens_and_logprobs_completion(
+        answer = await self._retrying(  # Atropos's token call (test doubles, other backends)
+            lambda: server.tokens_and_logprobs_completion(
                 prompt=prompt, input_ids=input_ids, n=n, **sampling
             )
         )
@@ -123,6 +124,15 @@ class SessionRecorder(ManagedServer):
                 logger.warning("proxy sample attempt %d failed (%s); retrying", attempt, exc)
                 await asyncio.sleep(min(5.0, 0.25 * 2 ** (attempt - 1)))
         raise AssertionError("unreachable")
+
+
+def _speaks_generate(server: Any) -> bool:
+    """Whether to sample with our ``generate``: a server of ours whose Atropos token call is
+    the one built on it (a server answering that call its own way is asked that way)."""
+    return (
+        isinstance(server, APIServer)
+        and type(server).tokens_and_logprobs_completion is APIServer.tokens_and_logprobs_completion
+    )
 
 
 def checked_token_answer(answer: Any, n: int) -> tuple[list[int], list[GeneratedSequence]]:
