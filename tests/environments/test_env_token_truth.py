@@ -46,6 +46,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "reasoning_gym": {},
     "letter_counting": {},
     "tool_calling": {},
+    "openai_agent": {"max_turns": 3},
     "tictactoe": {},
     "blackjack": {},
     "code_execution": {},

@@ -130,7 +130,7 @@ class ManagedServer:
                         *[PROMPT_LOGPROB] * new_length,
                         *sample.logprobs,
                     ],
-                    metadata=_metadata(sample),
+                    metadata=_metadata(sample, parent),
                 )
             )
             out.append((text, sample.finish_reason))
@@ -146,10 +146,15 @@ class ManagedServer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
-def _metadata(sample: GeneratedSequence) -> dict[str, Any]:
+def _metadata(sample: GeneratedSequence, parent: SequenceNode | None) -> dict[str, Any]:
+    """The finish reason, and the oldest weight version that sampled any of the node's ids
+    (when the engine says; staleness is judged on the oldest)."""
     metadata: dict[str, Any] = {"finish_reason": sample.finish_reason}
-    if sample.weight_version is not None:
-        metadata["weight_version"] = sample.weight_version
+    versions = [(parent.metadata or {}).get("weight_version") if parent else None,
+                sample.weight_version]  # fmt: skip
+    known = [v for v in versions if v is not None]
+    if known:
+        metadata["weight_version"] = min(known)
     return metadata
 
 

@@ -27,7 +27,11 @@ from atroposlib.envs.server_handling.proxy_protocol import (
     SessionCreateRequest,
     SessionCreateResponse,
 )
+from atroposlib.envs.trajectory import Trajectory, finish_reason
 from atroposlib.errors import InferenceError, InferenceRejectedError
+from atroposlib.group import NOT_SAMPLED_VERSION
+from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)
 
@@ -162,4 +166,32 @@ async def create_proxy_session(
     created = SessionCreateResponse.model_validate(data)
     return ProxyManagedServer(
         proxy_url, created.uuid, created.model_name or model_name, created.base_url, http_client
+    )
+
+
+def node_trajectory(node: SequenceNode, messages: list[Message]) -> Trajectory:
+    """A recorded node as a trajectory for ``trajectory_group``: its ids, masks and logprobs
+    as recorded; each sampled id tagged with the node's (oldest) weight version."""
+    metadata = node.metadata or {}
+    version = metadata.get("weight_version")
+    sampled = NOT_SAMPLED_VERSION if version is None else int(version)
+    versions = [NOT_SAMPLED_VERSION if m == MASK_IGNORE_INDEX else sampled
+                for m in node.masked_tokens]  # fmt: skip
+    replies = [m for m in messages if m.get("role") == "assistant"]
+    last = replies[-1].get("content") if replies else None
+    starts = [i for i in range(1, len(node.masked_tokens))
+              if node.masked_tokens[i] != MASK_IGNORE_INDEX
+              and node.masked_tokens[i - 1] == MASK_IGNORE_INDEX]  # fmt: skip
+    first = next((i for i, m in enumerate(node.masked_tokens) if m != MASK_IGNORE_INDEX), 0)
+    return Trajectory(
+        tokens=list(node.tokens),
+        masks=list(node.masked_tokens),
+        logprobs=list(node.logprobs),
+        versions=versions,
+        messages=list(messages),
+        finish_reason=finish_reason(metadata.get("finish_reason")),
+        reply=last if isinstance(last, str) else "",
+        turns=len(replies),
+        prompt_length=first,
+        reply_start=starts[-1] if starts else first,
     )
