@@ -45,8 +45,6 @@ NOT_PROVIDED = {
     "external agents; not ported",
     "atroposlib.envs.server_handling.proxy_client": "client of that proxy; not ported",
     "atroposlib.envs.server_handling.trl_vllm_server": "TRL's vllm-serve backend; not ported",
-    "atroposlib.envs.server_handling.tool_call_translator": "vLLM tool-parser bridge; our "
-    "managed_server parses hermes tool calls itself",
     "atroposlib.utils.cli": "Atropos's CLI internals (also re-exported by envs.base and the "
     "teacher env: merge_dicts, extract_namespace, ...); our CLI is envs.settings",
     "atroposlib.utils.force_diverse_samples": "not ported",

@@ -28,7 +28,6 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
-from atroposlib.envs.server_handling.managed_server import TOOL_PARSERS
 from atroposlib.envs.server_handling.proxy_protocol import (
     ChatCompletionProxyRequest,
     DeletedResponse,
@@ -53,7 +52,8 @@ from atroposlib.envs.server_handling.proxy_session import (
     TemplateRenderError,
 )
 from atroposlib.envs.server_handling.session_table import ServerChoiceError, SessionTable
-from atroposlib.errors import InferenceError, InferenceRejectedError
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
 from atroposlib.inference.limits import BodySizeLimit
 
 __all__ = ["ProxySettings", "create_app", "main"]
@@ -115,9 +115,10 @@ def create_app(
 
     @app.post("/sessions/create")
     async def create_session(body: SessionCreateRequest) -> SessionCreateResponse:
-        if body.tool_parser not in TOOL_PARSERS:
-            raise HTTPException(400, f"tool_parser: {body.tool_parser!r} is not available; "
-                                f"use one of {list(TOOL_PARSERS)}")  # fmt: skip
+        try:
+            ToolCallTranslator(tokenizer, body.tool_parser)
+        except ConfigError as exc:
+            raise HTTPException(400, f"tool_parser: {exc}") from exc
         if body.track_tree:
             raise HTTPException(400, "track_tree: tree mode is not provided; each session "
                                 "tracks its nodes as a list (send false)")  # fmt: skip

@@ -28,7 +28,7 @@ from atroposlib.envs.server_handling.proxy_protocol import (
     ProxyChoice,
     ToolCall,
 )
-from atroposlib.envs.server_handling.server_baseline import APIServer, GeneratedSequence
+from atroposlib.envs.server_handling.server_baseline import APIServer, TokenAnswer
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
@@ -90,26 +90,30 @@ def with_tools_listed(messages: list[dict[str, Any]], tools: Sequence[dict[str, 
         messages.insert(0, {"role": "system", "content": listing})
 
 
-class SessionRecorder(ManagedServer):
-    """A managed server pinned to one inference server, with retries on transient failures."""
+class PinnedBackend:
+    """One inference server as managed mode's token backend, with retries on transient
+    failures. Our servers sample with ``generate``, and the weight version of each sample of
+    the last call is kept in ``last_versions``; any other server object is asked Atropos's
+    token call (``tokens_and_logprobs_completion``), checked for a well-formed answer."""
 
-    def __init__(self, server: Any, tokenizer: Any, tool_parser: str, attempts: int) -> None:
-        super().__init__(server, tokenizer, tool_parser=tool_parser)
+    def __init__(self, server: Any, attempts: int) -> None:
         self.server = server
+        self.config = getattr(server, "config", None)
         self.attempts = attempts
+        self.last_versions: list[int | None] = []
 
-    async def _sample(
-        self, prompt: str, input_ids: list[int], n: int, sampling: dict[str, Any]
-    ) -> tuple[list[int], Sequence[GeneratedSequence]]:
-        server = self.server
-        if _speaks_generate(server):  # ours: token-in/token-out, with weight versions
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
+        server, n = self.server, int(kwargs.get("n") or 1)
+        self.last_versions = []
+        if _speaks_generate(server):
+            input_ids = list(kwargs["input_ids"])
+            sampling = {k: v for k, v in kwargs.items()
+                        if k not in ("prompt", "input_ids", "n", "model")}  # fmt: skip
             samples = await self._retrying(lambda: server.generate(input_ids, n, sampling))
-            return input_ids, samples
-        answer = await self._retrying(  # Atropos's token call (test doubles, other backends)
-            lambda: server.tokens_and_logprobs_completion(
-                prompt=prompt, input_ids=input_ids, n=n, **sampling
-            )
-        )
+            self.last_versions = [sample.weight_version for sample in samples]
+            return (input_ids, [s.output_ids for s in samples], [s.logprobs for s in samples],
+                    [s.finish_reason for s in samples])  # fmt: skip
+        answer = await self._retrying(lambda: server.tokens_and_logprobs_completion(**kwargs))
         return checked_token_answer(answer, n)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -126,6 +130,35 @@ class SessionRecorder(ManagedServer):
         raise AssertionError("unreachable")
 
 
+class SessionRecorder(ManagedServer):
+    """The session's managed server over a :class:`PinnedBackend`; nodes also carry the
+    oldest weight version that sampled any of their ids (``metadata["weight_version"]``)."""
+
+    def __init__(self, server: Any, tokenizer: Any, tool_parser: str, attempts: int) -> None:
+        self.backend = PinnedBackend(server, attempts)
+        super().__init__(self.backend, tokenizer, tool_parser=tool_parser)
+
+    def input_ids_for(self, prompt: str) -> list[int]:
+        """The ids a chat request for ``prompt`` sends: the node it extends, as recorded,
+        then the new text tokenized."""
+        parent = self._longest_prefix_node(prompt)
+        if parent is None:
+            return self._encode(prompt, False)
+        return [*parent.tokens, *self._encode(prompt[len(parent.full_text) :], False)]
+
+    async def _sample(
+        self, prompt: str, n: int, sampling: dict[str, Any], *, add_special_tokens: bool
+    ) -> list[tuple[SequenceNode, list[int]]]:
+        parent = self._longest_prefix_node(prompt)
+        older = (parent.metadata or {}).get("weight_version") if parent is not None else None
+        sampled = await super()._sample(prompt, n, sampling, add_special_tokens=add_special_tokens)
+        for (node, _), version in zip(sampled, self.backend.last_versions, strict=False):
+            known = [v for v in (older, version) if v is not None]
+            if known:
+                node.metadata = {**(node.metadata or {}), "weight_version": min(known)}
+        return sampled
+
+
 def _speaks_generate(server: Any) -> bool:
     """Whether to sample with our ``generate``: a server of ours whose Atropos token call is
     the one built on it (a server answering that call its own way is asked that way)."""
@@ -135,24 +168,24 @@ def _speaks_generate(server: Any) -> bool:
     )
 
 
-def checked_token_answer(answer: Any, n: int) -> tuple[list[int], list[GeneratedSequence]]:
-    """Atropos's ``(prompt ids, outputs, logprobs, finish reasons)`` as samples, or
-    MalformedInferenceAnswer when the parts do not fit together."""
+def checked_token_answer(answer: Any, n: int) -> TokenAnswer:
+    """Atropos's ``(prompt ids, outputs, logprobs, finish reasons)`` with plain ints and
+    floats, or MalformedInferenceAnswer when the parts do not fit together."""
     try:
         prompt_ids, outputs, logprobs, reasons = answer
-        samples = [
-            GeneratedSequence([int(t) for t in ids], [float(lp) for lp in lps], _reason(reason))
+        rows = [
+            ([int(t) for t in ids], [float(lp) for lp in lps], _reason(reason))
             for ids, lps, reason in zip(outputs, logprobs, reasons, strict=True)
         ]
         prompt = [int(t) for t in prompt_ids]
     except (TypeError, ValueError) as exc:
         raise MalformedInferenceAnswer(f"the token answer is malformed: {exc}") from exc
-    if len(samples) != n or any(len(s.output_ids) != len(s.logprobs) for s in samples):
+    if len(rows) != n or any(len(ids) != len(lps) for ids, lps, _ in rows):
         raise MalformedInferenceAnswer(
-            f"the token answer has {len(samples)} choices for n={n}, or logprobs that do not "
+            f"the token answer has {len(rows)} choices for n={n}, or logprobs that do not "
             "match their ids one for one"
         )
-    return prompt, samples
+    return prompt, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
 def _reason(reason: Any) -> str:
