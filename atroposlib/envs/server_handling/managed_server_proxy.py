@@ -28,8 +28,11 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.proxy_protocol import (
     ChatCompletionProxyRequest,
+    ChatMessage,
     DeletedResponse,
     ModelEntry,
     ModelListResponse,
@@ -49,14 +52,34 @@ from atroposlib.envs.server_handling.proxy_protocol import (
 from atroposlib.envs.server_handling.proxy_session import (
     ProxySession,
     SessionRecorder,
+    SessionState,
     TemplateRenderError,
 )
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.session_table import ServerChoiceError, SessionTable
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
 from atroposlib.inference.limits import BodySizeLimit
 
-__all__ = ["ProxySettings", "create_app", "main"]
+__all__ = [
+    "APIServerConfig",
+    "ChatCompletionProxyRequest",
+    "ChatMessage",
+    "DummyManagedServer",
+    "ManagedServer",
+    "OpenAIServer",
+    "ProxySettings",
+    "RenderResponse",
+    "ServerManager",
+    "SessionCreateRequest",
+    "SessionCreateResponse",
+    "SessionState",
+    "ToolCallTranslator",
+    "create_app",
+    "main",
+    "openai_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -211,17 +234,20 @@ _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "inva
                 429: "rate_limit_error"}  # fmt: skip
 
 
-def error_response(status: int, detail: str, param: str | None = None) -> Response:
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    body = ProxyErrorBody(
-        detail=detail, error=OpenAIError(message=detail, type=kind, code=status, param=param)
-    )
-    return Response(body.model_dump_json(), status, media_type="application/json")
+def openai_error(
+    status_code: int, message: str, error_type: str | None = None, param: str | None = None
+) -> Response:
+    """An error answer: ``detail`` and OpenAI's ``error`` object (Atropos's name)."""
+    default = "server_error" if status_code >= 500 else "invalid_request_error"
+    kind = error_type or _ERROR_TYPES.get(status_code, default)
+    error = OpenAIError(message=message, type=kind, code=status_code, param=param)
+    body = ProxyErrorBody(detail=message, error=error)
+    return Response(body.model_dump_json(), status_code, media_type="application/json")
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, str(exc.detail))
+    return openai_error(exc.status_code, str(exc.detail))
 
 
 async def _invalid_body(_: Request, exc: Exception) -> Response:
@@ -235,7 +261,7 @@ async def _invalid_body(_: Request, exc: Exception) -> Response:
         problems.setdefault(_field_path(error.get("loc", ())), str(error.get("msg")))
     ordered = sorted(problems.items(), key=lambda item: (item[0].count("."), item[0]))
     detail = "; ".join(f"{path}: {message}" for path, message in ordered[:5])
-    return error_response(400, detail, param=ordered[0][0] if ordered else None)
+    return openai_error(400, detail, param=ordered[0][0] if ordered else None)
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
@@ -252,7 +278,7 @@ def _field_path(loc: Any) -> str:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("proxy: %s %s failed", request.method, request.url.path, exc_info=exc)
-    return error_response(500, f"the proxy failed: {type(exc).__name__}: {exc}")
+    return openai_error(500, f"the proxy failed: {type(exc).__name__}: {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from atroposlib.envs.server_handling.proxy_protocol import (
     ToolCall,
 )
 from atroposlib.envs.server_handling.server_baseline import APIServer, TokenAnswer
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,16 @@ class ProxySession:
     def nodes(self) -> list[SequenceNode]:
         return list(self.recorder.nodes)
 
+    @property
+    def managed_server(self) -> SessionRecorder:
+        """Atropos's name for the session's managed server."""
+        return self.recorder
+
+    @property
+    def translator(self) -> ToolCallTranslator | None:
+        """The session's tool-call translator (Atropos's name); None without a parser."""
+        return self.recorder._get_translator()
+
     def touch(self) -> None:
         self.last_accessed = time.time()
 
@@ -278,3 +289,7 @@ class ProxySession:
             if stop_text and raw.endswith(stop_text):
                 raw = raw[: -len(stop_text)]
         return raw
+
+
+SessionState = ProxySession
+"""Atropos's name."""
