@@ -308,3 +308,35 @@ def test_idle_sessions_are_closed_when_a_new_one_opens(tokenizer: Any) -> None:
     assert not table.add(session("c"))
     now[0] += 61
     assert table.add(session("c")) and [s.uuid for s in table.sessions()] == ["c"]
+
+
+async def test_a_model_tool_call_with_broken_json_comes_back_as_text(tokenizer: Any) -> None:
+    broken = '<tool_call>{"name": "calculate", "arguments": {"expression": </tool_call>'
+    engine = ScriptedEngine(tokenizer, [broken])
+    async with asgi_client(proxy_app(tokenizer, engine)) as http:
+        session = await open_session(http)
+        body = {"messages": [USER], "tools": [CALCULATOR]}
+        answer = await http.post(f"/{session}/v1/chat/completions", json=body)
+        nodes = (await http.get(f"/{session}/nodes")).json()["nodes"]
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"].get("tool_calls") is None
+    assert choice["message"]["content"] == broken
+    assert_one_exact_node(nodes[0], engine)
+
+
+def test_the_servers_file_names_the_bad_entry(tmp_path: Path) -> None:
+    from atroposlib.envs.server_handling.proxy_cli import load_servers_file
+    from atroposlib.errors import ConfigError
+
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps({"model_name": "m", "servers": [
+        {"base_url": "http://gpu1:9001/v1", "server_type": "embedded"},
+        {"base_url": "http://gpu2:9001/v1", "server_type": "tensorflow"}]}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"servers\.1"):
+        load_servers_file(path).server_configs()
+    path.write_text('{"model_name": "m", "servers": []}')
+    with pytest.raises(ConfigError, match="servers"):
+        load_servers_file(path)
+    path.write_text(json.dumps({"model_name": "m", "servers": [{"base_url": "http://a/v1"}]}))
+    [config] = load_servers_file(path).server_configs()
+    assert (config.model_name, config.server_type) == ("m", "vllm")
