@@ -41,9 +41,6 @@ NOT_PROVIDED = {
     "atroposlib.envs.reward_fns.chandas_meter_reward": "needs the chandas package; not ported",
     "atroposlib.envs.reward_fns.r1_reward": "not ported",
     "atroposlib.envs.reward_fns.cascading_r1_math_reward": "not ported",
-    "atroposlib.envs.server_handling.managed_server_proxy": "Atropos's OpenAI proxy app for "
-    "external agents; not ported",
-    "atroposlib.envs.server_handling.proxy_client": "client of that proxy; not ported",
     "atroposlib.envs.server_handling.trl_vllm_server": "TRL's vllm-serve backend; not ported",
     "atroposlib.utils.cli": "Atropos's CLI internals (also re-exported by envs.base and the "
     "teacher env: merge_dicts, extract_namespace, ...); our CLI is envs.settings",

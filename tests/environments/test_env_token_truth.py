@@ -46,6 +46,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "reasoning_gym": {},
     "letter_counting": {},
     "tool_calling": {},
+    "openai_agent": {"max_turns": 3},
     "tictactoe": {},
     "blackjack": {},
     "code_execution": {},
@@ -147,7 +148,8 @@ async def test_env_trains_exactly_what_the_server_sampled(
         url = f"{server.url}/v1"
         groups = await roll_out(name, url, SERVED_NAME, server.model_path, ENVS[name])
     assert groups, f"{name} produced no group"
-    assert assert_exactly_what_was_sampled(groups, log) >= 1
+    spans = assert_exactly_what_was_sampled(groups, log)
+    assert spans >= 1
     for group in groups:
         assert group["generation_params"]["temperature"] > 0
         assert len(group["finish_reasons"]) == len(group["tokens"])
@@ -155,8 +157,10 @@ async def test_env_trains_exactly_what_the_server_sampled(
     worst, metrics = trainer_deltas(groups, trainer_model)
     DELTAS[name] = worst
     is_weight = metrics["is_weight"] / metrics["rl_tokens"]
+    sequences = sum(len(group["tokens"]) for group in groups)
     print(f"\n{name}: max |trainer - inference logprob| = {worst:.2e}, "
-          f"mean IS ratio = {is_weight:.7f} over {int(metrics['rl_tokens'])} tokens")  # fmt: skip
+          f"mean IS ratio = {is_weight:.7f} over {int(metrics['rl_tokens'])} tokens "
+          f"({spans} sampled replies in {sequences} sequences)")  # fmt: skip
     report = os.environ.get("ATROPOS_TRUTH_REPORT")
     if report:
         with open(report, "a") as handle:

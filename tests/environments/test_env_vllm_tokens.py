@@ -50,7 +50,7 @@ def test_vllm_echoes_the_prompt_ids_it_continued_from(vllm: tuple[str, str]) -> 
     ]
 
 
-@pytest.mark.parametrize("name", ["reasoning_gym", "tool_calling", "tictactoe"])
+@pytest.mark.parametrize("name", ["reasoning_gym", "tool_calling", "tictactoe", "openai_agent"])
 async def test_env_on_vllm_trains_the_ids_vllm_sampled(
     name: str, vllm: tuple[str, str], test_model_path: Path, trainer_model: Any
 ) -> None:
