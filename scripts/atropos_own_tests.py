@@ -116,8 +116,10 @@ def run_pytest(scratch: Path, tests: Path, only: str | None, extra: list[str]) -
     report = scratch / "report.xml"
     targets = sorted(str(p.relative_to(scratch)) for p in tests.rglob("test_*.py")
                      if only is None or fnmatch.fnmatch(p.name, only))  # fmt: skip
+    # this checkout's package first, so a worktree is tested even where another is installed
+    path = os.pathsep.join(p for p in (str(scratch), str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(scratch))  # fmt: skip
+               TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=path)  # fmt: skip
     subprocess.run([sys.executable, "-m", "pytest", "--rootdir", str(scratch),
                     "-c", str(scratch / "pytest.ini"), "--import-mode=importlib",
                     f"--junitxml={report}", "-q", "--continue-on-collection-errors",
