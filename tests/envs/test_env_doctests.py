@@ -26,6 +26,7 @@ MODULES = [
     "atroposlib.envs.adapters.openenv_env",
     "atroposlib.envs.adapters.vf_client",
     "atroposlib.envs.server_handling.circuit",
+    "atroposlib.envs.server_handling.reasoning",
     "atroposlib.envs.server_handling.slurm",
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
