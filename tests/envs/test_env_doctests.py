@@ -25,6 +25,7 @@ MODULES = [
     "atroposlib.envs.adapters.chat",
     "atroposlib.envs.adapters.openenv_env",
     "atroposlib.envs.adapters.vf_client",
+    "atroposlib.api.utils",
     "atroposlib.envs.server_handling.circuit",
     "atroposlib.envs.server_handling.reasoning",
     "atroposlib.envs.server_handling.slurm",
