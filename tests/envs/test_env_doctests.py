@@ -34,6 +34,7 @@ MODULES = [
     "atroposlib.utils.advantages",
     "atroposlib.web",
     "atroposlib.utils.html_report",
+    "atroposlib.frontend.jsonl2html",
     "atroposlib.utils.cli",
 ]
 

@@ -26,7 +26,7 @@ class ReasoningConfig:
     True
     >>> ReasoningConfig(effort="extreme")
     Traceback (most recent call last):
-    ValueError: Invalid reasoning_effort 'extreme': use one of ['high', 'low', 'medium', 'minimal', 'none', 'xhigh']
+    ValueError: Invalid reasoning_effort 'extreme': use one of ['high', 'low', ..., 'xhigh']
     """
 
     enabled: bool = False
