@@ -26,6 +26,7 @@ MODULES = [
     "atroposlib.envs.adapters.openenv_env",
     "atroposlib.envs.adapters.vf_client",
     "atroposlib.api.utils",
+    "atroposlib.envs.server_handling.adaptive_semaphore",
     "atroposlib.envs.server_handling.circuit",
     "atroposlib.envs.server_handling.reasoning",
     "atroposlib.envs.server_handling.slurm",

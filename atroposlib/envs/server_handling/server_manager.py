@@ -8,12 +8,14 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
+from functools import cached_property
 from typing import Any, TypeVar
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.dedicated import DedicatedServer
 from atroposlib.envs.server_handling.harness import ServerHarness
@@ -82,6 +84,10 @@ def backend_for(config: APIServerConfig) -> type[APIServer]:
 class ServerManager:
     """Routes each request to the healthy server with the most free slots; retries elsewhere."""
 
+    # The ServerBaseline defaults, for a manager whose servers were set by hand.
+    max_retries: int = ServerBaseline.model_fields["max_retries"].default
+    retry_backoff_s: float = ServerBaseline.model_fields["retry_backoff_s"].default
+
     def __init__(
         self,
         configs: ServerBaseline | Sequence[APIServerConfig],
@@ -100,8 +106,10 @@ class ServerManager:
             self.servers: list[APIServer] = [ServerHarness()]
         else:
             resolved = resolve_server_configs(configs, slurm=slurm)
-            if server_class is not None and inspect.isabstract(server_class):
-                server_class = None  # Atropos envs name the abstract APIServer: pick by type
+            if server_class is APIServer or (
+                server_class is not None and inspect.isabstract(server_class)
+            ):
+                server_class = None  # Atropos envs name the base APIServer: pick by type
             self.servers = [
                 (server_class or backend_for(c))(c, reasoning_config=reasoning_config)
                 for c in resolved
@@ -109,15 +117,23 @@ class ServerManager:
         first = self.servers[0].config
         self.max_retries = first.max_retries
         self.retry_backoff_s = first.retry_backoff_s
-        self._slot_freed = asyncio.Event()
-        self._probes: set[asyncio.Task[None]] = set()
+
+    @cached_property
+    def _slot_freed(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    @cached_property
+    def _probes(self) -> set[asyncio.Task[None]]:
+        return set()
 
     # ---- routing ------------------------------------------------------------------------
 
     def _usable(self, server: APIServer, split: str) -> bool:
-        breaker = server.breaker
+        breaker = getattr(server, "breaker", None)
+        if breaker is None:  # a server of Atropos's shape: its own health flag and semaphores
+            return bool(server.server_healthy) and free_slots(server, split) > 0
         if breaker.state is CircuitState.CLOSED:
-            return server.free_slots(split) > 0
+            return free_slots(server, split) > 0
         if not breaker.allows_request():
             return False
         if server.config.health_check:
@@ -126,7 +142,7 @@ class ServerManager:
             self._probes.add(probe)
             probe.add_done_callback(self._probes.discard)
             return False
-        return server.free_slots(split) > 0
+        return free_slots(server, split) > 0
 
     async def _probe(self, server: APIServer) -> None:
         if await server.health_check():
@@ -139,9 +155,9 @@ class ServerManager:
         while True:
             usable = [s for s in servers if self._usable(s, split)]
             if usable:
-                most_free = max(s.free_slots(split) for s in usable)
-                return random.choice([s for s in usable if s.free_slots(split) == most_free])
-            waits = [s.breaker.seconds_until_retry() for s in servers]
+                most_free = max(free_slots(s, split) for s in usable)
+                return random.choice([s for s in usable if free_slots(s, split) == most_free])
+            waits = [s.breaker.seconds_until_retry() for s in servers if hasattr(s, "breaker")]
             timeout = max(0.01, min([w for w in waits if w > 0] or [0.5]))
             self._slot_freed.clear()
             with suppress(TimeoutError):
@@ -247,12 +263,11 @@ class ServerManager:
     async def dedicated_server(self) -> AsyncIterator[DedicatedServer]:
         """Pin the least-loaded healthy server for the length of the block (one slot held)."""
         server = await self._acquire("train", self.servers)
-        server.in_flight["train"] += 1
-        try:
-            yield DedicatedServer(self, server)
-        finally:
-            server.in_flight["train"] -= 1
-            self._slot_freed.set()
+        async with server.sem:
+            try:
+                yield DedicatedServer(self, server)
+            finally:
+                self._slot_freed.set()
 
     @asynccontextmanager
     async def managed_server(
@@ -334,6 +349,13 @@ class _Pinned:
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         return await self.manager.get_logprobs(**kwargs)
+
+
+def free_slots(server: APIServer, split: str) -> int:
+    """Request slots a server can take now: its semaphore for the split (``sem`` for
+    training, ``eval_sem`` for evaluation), whatever class the server is."""
+    semaphore: AsyncSemWithAdaptiveWeight = server.eval_sem if split == "eval" else server.sem
+    return semaphore.free
 
 
 def merge_choices(responses: list[Any]) -> Any:
