@@ -53,7 +53,8 @@ class ServerBaseline(BaseModel):
     )
     server_type: ServerType = Field(
         default="openai",
-        description="Backend: openai, vllm, sglang or embedded (the last three give token ids).",
+        description="Backend: openai, vllm, sglang, embedded (these three give token ids) or "
+        "trl (trl vllm-serve before TRL 1.0).",
     )
     tokenizer_name: str | None = Field(
         default=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
 import random
@@ -52,6 +53,8 @@ BACKENDS: dict[str, type[APIServer]] = {
     "sglang": SGLangServer,
     "embedded": EmbeddedServer,
 }
+OPTIONAL_BACKENDS = {"trl": "atroposlib.envs.server_handling.trl_vllm_server:TrlVllmServer"}
+"""Backends whose dependencies are optional: imported when a config names them."""
 
 __all__ = [
     "APIServer",
@@ -74,9 +77,20 @@ class ServerManagerConfig(BaseModel):
 
 
 def backend_for(config: APIServerConfig) -> type[APIServer]:
+    if config.server_type in OPTIONAL_BACKENDS:
+        module, _, name = OPTIONAL_BACKENDS[config.server_type].partition(":")
+        try:
+            backend: type[APIServer] = getattr(importlib.import_module(module), name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"server_type {config.server_type!r} needs {exc.name}: "
+                'pip install "atroposlib[atropos-compat]"'
+            ) from exc
+        return backend
     if config.server_type not in BACKENDS:
+        choices = sorted([*BACKENDS, *OPTIONAL_BACKENDS])
         raise ConfigError(
-            f"server_type {config.server_type!r} is not supported; use one of {sorted(BACKENDS)}"
+            f"server_type {config.server_type!r} is not supported; use one of {choices}"
         )
     return BACKENDS[config.server_type]
 
