@@ -380,3 +380,13 @@ def merge_choices(responses: list[Any]) -> Any:
         choice.index = index
     merged.choices = choices
     return merged
+
+
+def __getattr__(name: str) -> Any:
+    """Atropos's ``server_manager.TrlVllmServer``, imported on first use (optional
+    dependencies: transformers, aiohttp)."""
+    if name == "TrlVllmServer":
+        from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+
+        return TrlVllmServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

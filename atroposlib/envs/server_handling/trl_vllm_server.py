@@ -32,7 +32,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 )
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
-__all__ = ["APIServerConfig", "TrlVllmServer"]
+__all__ = ["APIServer", "APIServerConfig", "ReasoningConfig", "TrlVllmServer"]
 
 logger = logging.getLogger(__name__)
 
