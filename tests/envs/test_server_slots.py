@@ -179,10 +179,9 @@ async def test_server_healthy_false_takes_a_server_out_of_rotation() -> None:
     for _ in range(5):
         await manager.completion(prompt="x")
     assert not sick.seen and len(well.seen) == 5
-    sick.server_healthy = True
+    sick.server_healthy, well.server_healthy = True, False
     await manager.completion(prompt="x")
-    await manager.completion(prompt="x")
-    assert sick.seen, "back in rotation"
+    assert len(sick.seen) == 1 and len(well.seen) == 5, "back in rotation, the other out"
     await manager.close()
 
 
@@ -204,10 +203,20 @@ async def test_the_manager_routes_by_free_slots_and_health_of_any_server() -> No
     manager = ServerManager.__new__(ServerManager)
     manager.servers = [a, b, c]  # type: ignore[list-item]
     assert (await manager.get_logprobs(prompt="x"))["server"] == "b"
-    assert await manager.get_logprobs(prompt="y", split="eval") == {"server": "a", "prompt": "y"}
+    answer = await manager.get_logprobs(prompt="y", split="eval")
+    assert answer == {"server": "a", "prompt": "y", "split": "eval"}
 
 
 def test_naming_the_base_apiserver_picks_the_backend_by_server_type() -> None:
     config = APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="vllm")
     manager = ServerManager([config], server_class=APIServer)
     assert type(manager.servers[0]) is VLLMServer
+
+
+async def test_the_manager_keeps_the_split_of_logprob_requests() -> None:
+    manager = ServerManager([hook_config()], server_class=AtroposStyleServer)
+    (server,) = manager.servers
+    await manager.get_logprobs(prompt="p", split="eval")
+    await manager.get_logprobs(prompt="q")
+    assert len(server.eval_request_timings) == 1 and len(server.request_timings) == 1
+    await manager.close()

@@ -266,12 +266,14 @@ class ServerManager:
         """Atropos 0.4's token call on a server that returns token ids (see APIServer)."""
         split = "eval" if kwargs.pop("split", "train") != "train" else "train"
         pool = self._token_servers()
-        return await self._call(split, lambda s: s.tokens_and_logprobs_completion(**kwargs), pool)
+        return await self._call(
+            split, lambda s: s.tokens_and_logprobs_completion(**kwargs, split=split), pool
+        )
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs (top-k) of ``input_ids`` or ``prompt``; see APIServer.get_logprobs."""
         split = "eval" if kwargs.pop("split", "train") != "train" else "train"
-        return await self._call(split, lambda server: server.get_logprobs(**kwargs))
+        return await self._call(split, lambda server: server.get_logprobs(**kwargs, split=split))
 
     @asynccontextmanager
     async def dedicated_server(self) -> AsyncIterator[DedicatedServer]:
