@@ -28,6 +28,7 @@ from atroposlib.envs.groups import (
     group_rejection_reason,
 )
 from atroposlib.envs.rollouts import TokenSampler
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -38,6 +39,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager, Server
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceUnavailableError
+from atroposlib.frontend.jsonl2html import generate_html
 from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import UUID, Item, Message
@@ -65,8 +67,10 @@ __all__ = [
     "ServerBaseline",
     "ServerManager",
     "ServerManagerConfig",
+    "generate_html",
     "get_std_min_max_avg",
     "parse_http_response",
+    "resolve_openai_configs",
 ]
 
 Group = ScoredData | ScoredDataGroup

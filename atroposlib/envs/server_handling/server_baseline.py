@@ -4,28 +4,30 @@ from __future__ import annotations
 
 import logging
 import time
-from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.circuit import CircuitBreaker
 from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
 from atroposlib.envs.server_handling.reasoning import VALID_REASONING_EFFORTS, ReasoningConfig
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [
     "VALID_REASONING_EFFORTS",
     "APIServer",
     "APIServerConfig",
+    "AsyncSemWithAdaptiveWeight",
     "GeneratedSequence",
     "ReasoningConfig",
     "ServerBaseline",
@@ -51,7 +53,8 @@ class ServerBaseline(BaseModel):
     )
     server_type: ServerType = Field(
         default="openai",
-        description="Backend: openai, vllm, sglang or embedded (the last three give token ids).",
+        description="Backend: openai, vllm, sglang, embedded (these three give token ids) or "
+        "trl (trl vllm-serve before TRL 1.0).",
     )
     tokenizer_name: str | None = Field(
         default=None,
@@ -179,8 +182,15 @@ async def sample_tokens(
     )
 
 
-class APIServer(ABC):
-    """One inference server: a single HTTP attempt per call; retries live in the manager."""
+class APIServer:
+    """One inference server: a single HTTP attempt per call; retries live in the manager.
+
+    A backend overrides ``chat_completion`` / ``completion`` (and ``generate``,
+    ``prompt_logprobs`` for token ids). A server written for Atropos 0.4 overrides its hooks
+    instead, ``_chat_completion_wrapper``, ``_completion_wrapper`` and
+    ``_get_logprobs_wrapper`` (kwargs with ``model`` set, ``split`` removed): the calls here
+    wrap them with the same slots, timings and circuit breaker.
+    """
 
     supports_token_ids: bool = False
 
@@ -214,8 +224,12 @@ class APIServer(ABC):
             reset_after_s=config.circuit_reset_s,
         )
         self.weight = 1.0
-        self.in_flight = {"train": 0, "eval": 0}
+        self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
+        self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
         self.latencies: dict[str, deque[float]] = {
+            split: deque(maxlen=config.rolling_buffer_length) for split in ("train", "eval")
+        }
+        self.attempts: dict[str, deque[int]] = {
             split: deque(maxlen=config.rolling_buffer_length) for split in ("train", "eval")
         }
         self.failures = 0
@@ -236,19 +250,49 @@ class APIServer(ABC):
 
     @property
     def server_healthy(self) -> bool:
-        """Atropos name: whether the server is in rotation now."""
+        """Atropos name: whether the server is in rotation now (setting it to False takes it
+        out for ``circuit_reset_s``; True puts it back)."""
         return self.breaker.allows_request()
 
+    @server_healthy.setter
+    def server_healthy(self, healthy: bool) -> None:
+        if healthy:
+            self.breaker.record_success()
+        else:
+            self.breaker.trip("marked unhealthy (server_healthy = False)")
+
+    def slots(self, split: str) -> AsyncSemWithAdaptiveWeight:
+        """The request slots of a split: eval has its own, not scaled by the env's weight."""
+        return self.eval_sem if split == "eval" else self.sem
+
     def capacity(self, split: str) -> int:
-        if split == "eval":
-            return self.config.num_requests_for_eval
-        return max(1, int(self.config.num_max_requests_at_once * self.weight))
+        return self.slots(split).capacity
 
     def free_slots(self, split: str) -> int:
-        return self.capacity(split) - self.in_flight[split]
+        return self.slots(split).free
 
     async def update_weight(self, weight: float) -> None:
         self.weight = max(0.01, weight)
+        self.sem.update_weight(self.weight)
+
+    @property
+    def request_timings(self) -> deque[float]:
+        """Atropos name: seconds taken by recent training requests."""
+        return self.latencies["train"]
+
+    @property
+    def eval_request_timings(self) -> deque[float]:
+        return self.latencies["eval"]
+
+    @property
+    def attempts_list(self) -> deque[int]:
+        """Atropos name: attempts per recent training request on this server (always 1 here:
+        retries are the manager's, on whichever server is free)."""
+        return self.attempts["train"]
+
+    @property
+    def eval_attempts_list(self) -> deque[int]:
+        return self.attempts["eval"]
 
     async def post_json(self, url: str, body: dict[str, Any]) -> Any:
         """POST and decode JSON; any transport, status or decoding problem is an InferenceError."""
@@ -276,24 +320,24 @@ class APIServer(ABC):
         except orjson.JSONDecodeError as exc:
             raise InferenceError(f"{url}: answer is not JSON: {content[:200]!r}") from exc
 
-    async def timed(self, split: str, call: Any) -> Any:
-        """Run one request, keeping in-flight counts, latency and the circuit breaker current."""
-        self.in_flight[split] += 1
-        self.requests += 1
-        self.breaker.on_request_start()
-        start = time.perf_counter()
-        try:
-            result = await call
-        except InferenceRejectedError:
-            self.breaker.record_success()
-            raise
-        except InferenceError:
-            self.failures += 1
-            self.breaker.record_failure()
-            raise
-        finally:
-            self.in_flight[split] -= 1
+    async def timed(self, split: str, call: Awaitable[T]) -> T:
+        """Run one request in one of the split's slots, keeping latency and the circuit
+        breaker current."""
+        async with self.slots(split):
+            self.requests += 1
+            self.breaker.on_request_start()
+            start = time.perf_counter()
+            try:
+                result = await call
+            except InferenceRejectedError:
+                self.breaker.record_success()
+                raise
+            except InferenceError:
+                self.failures += 1
+                self.breaker.record_failure()
+                raise
         self.latencies[split].append(time.perf_counter() - start)
+        self.attempts[split].append(1)
         self.breaker.record_success()
         return result
 
@@ -305,13 +349,30 @@ class APIServer(ABC):
             return False
         return response.status_code == 200
 
-    @abstractmethod
     async def chat_completion(self, **kwargs: Any) -> Any:
         """One ``/chat/completions`` request; returns ``openai.types.chat.ChatCompletion``."""
+        split, kwargs = self._hook_kwargs(kwargs)
+        return await self.timed(split, self._chat_completion_wrapper(**kwargs))
 
-    @abstractmethod
     async def completion(self, **kwargs: Any) -> Any:
         """One ``/completions`` request; returns ``openai.types.Completion``."""
+        split, kwargs = self._hook_kwargs(kwargs)
+        return await self.timed(split, self._completion_wrapper(**kwargs))
+
+    def _hook_kwargs(self, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(split, the kwargs an Atropos hook gets: ``model`` set, ``split`` removed)."""
+        split = str(kwargs.pop("split", "train"))
+        return split, {**kwargs, "model": self.config.model_name}
+
+    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__} overrides neither chat_completion nor _chat_completion_wrapper"
+        )
+
+    async def _completion_wrapper(self, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__} overrides neither completion nor _completion_wrapper"
+        )
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
@@ -330,12 +391,16 @@ class APIServer(ABC):
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs (Atropos 0.4 shape): ``input_ids`` or ``prompt``, ``top_k`` ->
         ``{"prompt_tokens", "prompt_topk_token_ids", "prompt_topk_logprobs"}``."""
+        split, kwargs = self._hook_kwargs(kwargs)
+        result: dict[str, Any] = await self.timed(split, self._get_logprobs_wrapper(**kwargs))
+        return result
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
         prompt_ids = kwargs.get("input_ids")
         if prompt_ids is None:
             prompt_ids = list(self.tokenizer.encode(kwargs["prompt"]))
         top_k = max(1, int(kwargs.get("top_k", kwargs.get("top_logprobs", 1)) or 1))
-        split = str(kwargs.get("split", "train"))
-        scored = await self.timed(split, self.prompt_logprobs(list(prompt_ids), top_k))
+        scored = await self.prompt_logprobs(list(prompt_ids), top_k)
         return {
             "prompt_tokens": list(prompt_ids),
             "prompt_topk_token_ids": [[t for t, _ in position] for position in scored],

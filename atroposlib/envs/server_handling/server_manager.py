@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
+from functools import cached_property
 from typing import Any, TypeVar
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.dedicated import DedicatedServer
 from atroposlib.envs.server_handling.managed_server import (
@@ -52,6 +55,8 @@ BACKENDS: dict[str, type[APIServer]] = {
     "sglang": SGLangServer,
     "embedded": EmbeddedServer,
 }
+OPTIONAL_BACKENDS = {"trl": "atroposlib.envs.server_handling.trl_vllm_server:TrlVllmServer"}
+"""Backends whose dependencies are optional: imported when a config names them."""
 
 __all__ = [
     "APIServer",
@@ -74,15 +79,30 @@ class ServerManagerConfig(BaseModel):
 
 
 def backend_for(config: APIServerConfig) -> type[APIServer]:
+    if config.server_type in OPTIONAL_BACKENDS:
+        module, _, name = OPTIONAL_BACKENDS[config.server_type].partition(":")
+        try:
+            backend: type[APIServer] = getattr(importlib.import_module(module), name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"server_type {config.server_type!r} needs {exc.name}: "
+                'pip install "atroposlib[atropos-compat]"'
+            ) from exc
+        return backend
     if config.server_type not in BACKENDS:
+        choices = sorted([*BACKENDS, *OPTIONAL_BACKENDS])
         raise ConfigError(
-            f"server_type {config.server_type!r} is not supported; use one of {sorted(BACKENDS)}"
+            f"server_type {config.server_type!r} is not supported; use one of {choices}"
         )
     return BACKENDS[config.server_type]
 
 
 class ServerManager:
     """Routes each request to the healthy server with the most free slots; retries elsewhere."""
+
+    # The ServerBaseline defaults, for a manager whose servers were set by hand.
+    max_retries: int = ServerBaseline.model_fields["max_retries"].default
+    retry_backoff_s: float = ServerBaseline.model_fields["retry_backoff_s"].default
 
     def __init__(
         self,
@@ -102,8 +122,10 @@ class ServerManager:
             self.servers: list[APIServer] = [ServerHarness()]
         else:
             resolved = resolve_server_configs(configs, slurm=slurm)
-            if server_class is not None and inspect.isabstract(server_class):
-                server_class = None  # Atropos envs name the abstract APIServer: pick by type
+            if server_class is APIServer or (
+                server_class is not None and inspect.isabstract(server_class)
+            ):
+                server_class = None  # Atropos envs name the base APIServer: pick by type
             self.servers = [
                 (server_class or backend_for(c))(c, reasoning_config=reasoning_config)
                 for c in resolved
@@ -111,15 +133,23 @@ class ServerManager:
         first = self.servers[0].config
         self.max_retries = first.max_retries
         self.retry_backoff_s = first.retry_backoff_s
-        self._slot_freed = asyncio.Event()
-        self._probes: set[asyncio.Task[None]] = set()
+
+    @cached_property
+    def _slot_freed(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    @cached_property
+    def _probes(self) -> set[asyncio.Task[None]]:
+        return set()
 
     # ---- routing ------------------------------------------------------------------------
 
     def _usable(self, server: APIServer, split: str) -> bool:
-        breaker = server.breaker
+        breaker = getattr(server, "breaker", None)
+        if breaker is None:  # a server of Atropos's shape: its own health flag and semaphores
+            return bool(server.server_healthy) and free_slots(server, split) > 0
         if breaker.state is CircuitState.CLOSED:
-            return server.free_slots(split) > 0
+            return free_slots(server, split) > 0
         if not breaker.allows_request():
             return False
         if server.config.health_check:
@@ -128,7 +158,7 @@ class ServerManager:
             self._probes.add(probe)
             probe.add_done_callback(self._probes.discard)
             return False
-        return server.free_slots(split) > 0
+        return free_slots(server, split) > 0
 
     async def _probe(self, server: APIServer) -> None:
         if await server.health_check():
@@ -141,9 +171,9 @@ class ServerManager:
         while True:
             usable = [s for s in servers if self._usable(s, split)]
             if usable:
-                most_free = max(s.free_slots(split) for s in usable)
-                return random.choice([s for s in usable if s.free_slots(split) == most_free])
-            waits = [s.breaker.seconds_until_retry() for s in servers]
+                most_free = max(free_slots(s, split) for s in usable)
+                return random.choice([s for s in usable if free_slots(s, split) == most_free])
+            waits = [s.breaker.seconds_until_retry() for s in servers if hasattr(s, "breaker")]
             timeout = max(0.01, min([w for w in waits if w > 0] or [0.5]))
             self._slot_freed.clear()
             with suppress(TimeoutError):
@@ -242,18 +272,17 @@ class ServerManager:
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs (top-k) of ``input_ids`` or ``prompt``; see APIServer.get_logprobs."""
         split = "eval" if kwargs.pop("split", "train") != "train" else "train"
-        return await self._call(split, lambda server: server.get_logprobs(**kwargs))
+        return await self._call(split, lambda server: server.get_logprobs(**kwargs, split=split))
 
     @asynccontextmanager
     async def dedicated_server(self) -> AsyncIterator[DedicatedServer]:
         """Pin the least-loaded healthy server for the length of the block (one slot held)."""
         server = await self._acquire("train", self.servers)
-        server.in_flight["train"] += 1
-        try:
-            yield DedicatedServer(self, server)
-        finally:
-            server.in_flight["train"] -= 1
-            self._slot_freed.set()
+        async with server.sem:
+            try:
+                yield DedicatedServer(self, server)
+            finally:
+                self._slot_freed.set()
 
     @asynccontextmanager
     async def managed_server(
@@ -340,6 +369,13 @@ class _Pinned:
         return await self.manager.get_logprobs(**kwargs)
 
 
+def free_slots(server: APIServer, split: str) -> int:
+    """Request slots a server can take now: its semaphore for the split (``sem`` for
+    training, ``eval_sem`` for evaluation), whatever class the server is."""
+    semaphore: AsyncSemWithAdaptiveWeight = server.eval_sem if split == "eval" else server.sem
+    return semaphore.free
+
+
 def merge_choices(responses: list[Any]) -> Any:
     """One response whose choices are those of every response, re-indexed 0..n-1."""
     merged = responses[0]
@@ -348,3 +384,13 @@ def merge_choices(responses: list[Any]) -> Any:
         choice.index = index
     merged.choices = choices
     return merged
+
+
+def __getattr__(name: str) -> Any:
+    """Atropos's ``server_manager.TrlVllmServer``, imported on first use (optional
+    dependencies: transformers, aiohttp)."""
+    if name == "TrlVllmServer":
+        from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+
+        return TrlVllmServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

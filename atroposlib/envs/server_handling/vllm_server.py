@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
-from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
+from atroposlib.envs.server_handling.openai_server import (
+    OpenAIServer,
+    request_body,
+    resolve_openai_configs,
+)
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -24,6 +28,7 @@ __all__ = [
     "VLLMServer",
     "parse_prompt_logprobs",
     "parse_vllm_choice",
+    "resolve_openai_configs",
 ]
 _TOKEN_PREFIX = "token_id:"
 
