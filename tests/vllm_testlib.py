@@ -18,13 +18,16 @@ also names the tokenizer). The log is kept at ``log_path``; its tail is in every
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -174,3 +177,106 @@ class VllmServer:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class RecordingProxy:
+    """A pass-through HTTP proxy in front of vLLM (uvicorn in a thread, on a free port) that
+    keeps every ``/v1/completions`` exchange, so a test can check what vLLM itself answered:
+    ``sampled()`` lists each choice as ``{prompt_ids, output_ids, logprobs, finish_reason}``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.port = free_port()
+        self.exchanges: list[dict[str, Any]] = []
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def _app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        async def forward(request: Request) -> Response:
+            body = await request.body()
+            headers = {k: v for k, v in request.headers.items()
+                       if k.lower() not in ("host", "content-length")}  # fmt: skip
+            async with httpx.AsyncClient(timeout=600) as client:
+                answer = await client.request(request.method, self.target + request.url.path,
+                                              params=request.query_params, content=body,
+                                              headers=headers)  # fmt: skip
+            if request.url.path.endswith("/completions") and request.method == "POST":
+                self.exchanges.append({"path": request.url.path, "request": json.loads(body),
+                                       "status": answer.status_code,
+                                       "response": _json_or_text(answer)})  # fmt: skip
+            kept = {k: v for k, v in answer.headers.items()
+                    if k.lower() not in ("content-length", "content-encoding",
+                                         "transfer-encoding", "connection")}  # fmt: skip
+            return Response(answer.content, answer.status_code, headers=kept)
+
+        methods = ["GET", "POST", "PUT", "DELETE"]
+        return Starlette(routes=[Route("/{path:path}", forward, methods=methods)])
+
+    def start(self) -> RecordingProxy:
+        import uvicorn
+
+        config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError("recording proxy did not start")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> RecordingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def sampled(self) -> list[dict[str, Any]]:
+        out = []
+        for exchange in self.exchanges:
+            request, response = exchange["request"], exchange["response"]
+            if exchange["status"] != 200 or not isinstance(response, dict):
+                continue
+            for choice in response.get("choices", []):
+                prompt = request.get("prompt")
+                prompt_ids = prompt if _is_ids(prompt) else choice.get("prompt_token_ids")
+                logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+                out.append(
+                    {
+                        "prompt_ids": list(prompt_ids or []),
+                        "output_ids": list(choice.get("token_ids") or []),
+                        "logprobs": logprobs,
+                        "finish_reason": choice.get("finish_reason"),
+                    }
+                )
+        return out
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) for v in value)
+
+
+def _json_or_text(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
