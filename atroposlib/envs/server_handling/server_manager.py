@@ -35,6 +35,7 @@ from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.errors import (
     ConfigError,
+    InferenceEngineDeadError,
     InferenceError,
     InferenceRejectedError,
     InferenceUnavailableError,
@@ -115,6 +116,8 @@ class ServerManager:
     # ---- routing ------------------------------------------------------------------------
 
     def _usable(self, server: APIServer, split: str) -> bool:
+        if server.dead is not None:
+            return False
         breaker = server.breaker
         if breaker.state is CircuitState.CLOSED:
             return server.free_slots(split) > 0
@@ -135,8 +138,17 @@ class ServerManager:
             server.breaker.trip()
         self._slot_freed.set()
 
+    @property
+    def dead_reason(self) -> str | None:
+        """Why no server can sample any more (every engine is dead), else None."""
+        if self.servers and all(s.dead is not None for s in self.servers):
+            return "; ".join(str(s.dead) for s in self.servers)
+        return None
+
     async def _acquire(self, split: str, servers: Sequence[APIServer]) -> APIServer:
         while True:
+            if all(s.dead is not None for s in servers):
+                raise InferenceEngineDeadError("; ".join(str(s.dead) for s in servers))
             usable = [s for s in servers if self._usable(s, split)]
             if usable:
                 most_free = max(s.free_slots(split) for s in usable)
@@ -167,6 +179,8 @@ class ServerManager:
                 return await op(server)
             except InferenceRejectedError:
                 raise
+            except InferenceEngineDeadError:
+                continue  # another server, if one is alive (_acquire raises when none is)
             except InferenceError as exc:
                 attempt += 1
                 if attempt > self.max_retries:
