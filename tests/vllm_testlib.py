@@ -10,6 +10,9 @@ overrides it). Usage in a test module::
         with VllmServer(model_path(), tmp_path_factory.mktemp("vllm") / "vllm.log") as server:
             yield server
 
+``ATROPOS_VLLM_URL`` (while developing tests): attach to a vLLM already serving the test model
+instead of starting one; it is never stopped. Modules that kill the engine ignore it.
+
 ``server.url`` is the root (``/pause``, ``/health``...), ``server.base_url`` the OpenAI base
 (``.../v1``) and ``server.model`` the served model name (the model's folder, so the same string
 also names the tokenizer). The log is kept at ``log_path``; its tail is in every error.
@@ -105,25 +108,36 @@ class VllmServer:
         extra_args: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        attach: bool = True,
     ) -> None:
         self.model = str(model)
         self.log_path = log_path
-        self.port = free_port()
-        self.command = vllm_command(model, self.port, dtype=dtype, max_model_len=max_model_len,
-                                    extra_args=extra_args)  # fmt: skip
+        external = os.environ.get("ATROPOS_VLLM_URL") if attach else None
+        self.external = external.rstrip("/") if external else None
+        self.port = int(self.external.rsplit(":", 1)[1]) if self.external else free_port()
+        self.command = (
+            []
+            if self.external
+            else vllm_command(
+                model, self.port, dtype=dtype, max_model_len=max_model_len, extra_args=extra_args
+            )
+        )
         self.env = vllm_environment(extra_env)
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.external or f"http://127.0.0.1:{self.port}"
 
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
     def start(self) -> VllmServer:
+        if self.external:
+            httpx.get(f"{self.base_url}/models", timeout=10).raise_for_status()
+            return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
