@@ -184,3 +184,85 @@ def test_some_replies_were_cut_at_max_tokens_and_marked_truncated(proxy: Recordi
     checks above held for them (``truncated`` == finish_reason ``length``)."""
     reasons = [s["finish_reason"] for s in proxy.sampled()]
     assert "length" in reasons, reasons
+
+
+# ---- the managed server (Atropos's chat path with token tracking) and tools, on vLLM --------
+
+INTEGER = {"type": "integer"}
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "required": ["a", "b"],
+                   "properties": {"a": INTEGER, "b": INTEGER}}}}]  # fmt: skip
+TOOL_CHAT = [
+    {"role": "user", "content": "What is 1 + 1? Use the add tool."},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function",
+     "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}]},
+    {"role": "tool", "tool_call_id": "c0", "content": "2"},
+]  # fmt: skip
+
+
+def manager_for(proxy: RecordingProxy, model: str) -> Any:
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    config = APIServerConfig(base_url=proxy.base_url, server_type="vllm", model_name=model,
+                             api_key="x")  # fmt: skip
+    return ServerManager([config], tool_parser="hermes")
+
+
+async def test_chat_completion_with_n_through_the_server_manager(
+    vllm: VllmServer, proxy: RecordingProxy
+) -> None:
+    manager = manager_for(proxy, vllm.model)
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    try:
+        sampled = await manager.chat_completion(messages=messages, n=3, max_tokens=16,
+                                                temperature=0.7)  # fmt: skip
+        greedy = await manager.chat_completion(messages=messages, max_tokens=16, temperature=0.0)
+    finally:
+        await manager.close()
+    assert len(sampled.choices) == 3
+    assert "5" in (greedy.choices[0].message.content or "")
+
+
+async def test_managed_server_tracks_vllms_tokens_through_a_tool_call_conversation(
+    vllm: VllmServer, proxy: RecordingProxy, test_model_path: Path
+) -> None:
+    """Turn 1 renders the tools and an earlier tool call + result (hermes) into the prompt
+    ids; turn 2 continues that conversation: both nodes are exactly vLLM's ids and logprobs,
+    and turn 2's node extends turn 1's ids verbatim."""
+    from transformers import AutoTokenizer
+
+    from atroposlib.envs.hermes import tools_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(str(test_model_path))
+    manager = manager_for(proxy, vllm.model)
+    chat = [{"role": "system", "content": tools_prompt(TOOLS)}, *TOOL_CHAT]
+    before = len(proxy.exchanges)
+    try:
+        async with manager.managed_server(tokenizer=tokenizer) as managed:
+            first = await managed.chat_completion(messages=chat, tools=TOOLS, n=2, max_tokens=12)
+            [node_a, _] = managed.get_state()["nodes"]
+            reply = first.choices[0].message.content or ""
+            chat += [{"role": "assistant", "content": reply},
+                     {"role": "user", "content": "And 2 + 3?"}]  # fmt: skip
+            await managed.chat_completion(messages=chat, tools=TOOLS, max_tokens=12)
+            nodes = managed.get_state()["nodes"]
+    finally:
+        await manager.close()
+    exchanges = proxy.exchanges[before:]
+    assert len(exchanges) == 2 and all(e["status"] == 200 for e in exchanges)
+    first_prompt = tokenizer.decode(exchanges[0]["request"]["prompt"])
+    assert '"name": "add"' in first_prompt and "<tool_call>" in first_prompt
+    served = {(tuple(s["prompt_ids"]), tuple(s["output_ids"])): s for s in proxy.sampled()}
+    for node in (node_a, nodes[-1]):
+        spans = trained_spans(node.tokens, node.masked_tokens)
+        for start, end in spans:
+            key = (tuple(node.tokens[:start]), tuple(node.tokens[start:end]))
+            assert key in served, "each reply is what vLLM sampled after exactly those ids"
+            assert node.logprobs[start:end] == served[key]["logprobs"]
+            assert node.masked_tokens[start:end] == node.tokens[start:end]
+        assert spans[-1][1] == len(node.tokens)
+    assert len(trained_spans(nodes[-1].tokens, nodes[-1].masked_tokens)) == 2
+    second_prompt = exchanges[1]["request"]["prompt"]
+    assert second_prompt[: len(node_a.tokens)] == node_a.tokens, "turn 2 continues turn 1's ids"
