@@ -108,7 +108,13 @@ def _layout(settings: LocalRunSettings) -> RunLayout:
         from atroposlib.utils.test_model import ensure_test_model
 
         model = str(ensure_test_model())
-    return RunLayout(run_dir.resolve(), model, components.free_port(), components.free_port())
+    return RunLayout(
+        run_dir.resolve(),
+        model,
+        components.free_port(),
+        components.free_port(),
+        version_path=INFERENCE[settings.inference].version_path,
+    )
 
 
 def _run(

