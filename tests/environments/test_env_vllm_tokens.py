@@ -179,6 +179,21 @@ async def test_a_group_of_four_is_one_request_with_n_4(
     assert assert_exactly_what_vllm_sampled([group], proxy.sampled())[0] == 4
 
 
+async def test_at_temperature_0_7_vllms_logprobs_are_the_tempered_ones_the_trainer_computes(
+    vllm: VllmServer, proxy: RecordingProxy, test_model_path: Path, trainer_model: Any
+) -> None:
+    """The trainer divides logits by the generation temperature; vLLM returns logprobs after
+    temperature only when started with ``--logprobs-mode processed_logprobs`` (its default,
+    ``raw_logprobs``, is the untempered model's: off by ~0.1-1 per token at 0.7)."""
+    settings = {"data_path": "fixture.jsonl", "temperature": 0.7}
+    groups = await roll_out("gsm8k", proxy.base_url, vllm.model, test_model_path, settings,
+                            server_type="vllm")  # fmt: skip
+    assert groups[0]["generation_params"]["temperature"] == 0.7
+    assert_exactly_what_vllm_sampled(groups, proxy.sampled())
+    worst, _ = trainer_deltas(groups, trainer_model)
+    assert worst < FP32_BOUND
+
+
 def test_some_replies_were_cut_at_max_tokens_and_marked_truncated(proxy: RecordingProxy) -> None:
     """Replies of at most 12 tokens: vLLM answered ``length`` for some, and the per-sequence
     checks above held for them (``truncated`` == finish_reason ``length``)."""
