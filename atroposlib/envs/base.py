@@ -38,7 +38,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
-from atroposlib.errors import InferenceUnavailableError
+from atroposlib.errors import InferenceEngineDeadError, InferenceUnavailableError
 from atroposlib.frontend.jsonl2html import generate_html
 from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
@@ -386,6 +386,8 @@ class BaseEnv(ABC):
             trajectories, extra = await self.collect_trajectories(item)
             self.backlog.extend(extra or [])
             trajectories = await self.postprocess_histories(trajectories)
+        except InferenceEngineDeadError:
+            raise  # no server can sample any more: the run stops (the CLI says why)
         except InferenceUnavailableError as exc:
             logger.warning("rollout postponed, inference unavailable: %s", exc)
             self.backlog.append(item)
@@ -396,6 +398,8 @@ class BaseEnv(ABC):
             failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
         finally:
             await self.cleanup()
+        if trajectories is None:  # whatever error an env or adapter made of a dead engine
+            self._raise_if_no_engine_left()
         self.last_failure = None
         groups = self.accept_groups(trajectories, max_token_len=max_token_len, item=item)
         failure = failure or self.last_failure
@@ -404,6 +408,12 @@ class BaseEnv(ABC):
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
         self.last_failure = None if groups else failure or "collect_trajectories gave no group"
         return groups
+
+    def _raise_if_no_engine_left(self) -> None:
+        """Stop the run when every inference engine is dead: retrying items would fail forever."""
+        reason = getattr(self.server, "dead_reason", None)
+        if isinstance(reason, str):
+            raise InferenceEngineDeadError(reason)
 
     def accept_groups(
         self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None

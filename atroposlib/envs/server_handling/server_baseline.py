@@ -18,7 +18,7 @@ from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdapt
 from atroposlib.envs.server_handling.circuit import CircuitBreaker
 from atroposlib.envs.server_handling.http import HTTPTransportError, LeanHTTPClient
 from atroposlib.envs.server_handling.reasoning import VALID_REASONING_EFFORTS, ReasoningConfig
-from atroposlib.errors import InferenceError, InferenceRejectedError
+from atroposlib.errors import InferenceEngineDeadError, InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,6 +33,8 @@ __all__ = [
     "ServerBaseline",
 ]
 
+# What a server whose engine died answers (vLLM: HTTP 500 naming EngineDeadError, forever).
+DEAD_ENGINE_MARKERS = ("EngineDeadError", "EngineCore encountered an issue")
 ServerType = Literal["openai", "vllm", "sglang", "embedded", "trl"]
 DEFAULT_OPENAI_URL = "https://api.openai.com/v1"
 
@@ -71,6 +73,12 @@ class ServerBaseline(BaseModel):
     )
     circuit_reset_s: float = Field(
         default=10.0, ge=0, description="Seconds out of rotation before a server is tried again."
+    )
+    dead_after_5xx: int = Field(
+        default=20,
+        ge=1,
+        description="HTTP 5xx answers in a row after which a server counts as dead (its engine "
+        "crashed): it leaves the rotation for good, and with no server left the env stops.",
     )
     tracing_enabled: bool = Field(default=False, description="Kept for Atropos configs; unused.")
 
@@ -137,6 +145,26 @@ def token_versions(spans: Any, length: int) -> list[int] | None:
     if len(out) != length:
         raise InferenceError(f"weight_versions cover {len(out)} tokens, the output has {length}")
     return out
+
+
+def _error_message(content: bytes) -> str:
+    """An error answer's message on one line (OpenAI-style ``{"error": {"message"}}``, FastAPI
+    ``{"detail"}`` or the raw text), at most 200 characters.
+
+    >>> _error_message(b'{"error": {"message": "EngineCore encountered an issue."}}')
+    'EngineCore encountered an issue.'
+    """
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        data = None
+    text: Any = content.decode(errors="replace")
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        text = error or data.get("detail") or text
+    return " ".join(str(text).split())[:200]
 
 
 def weight_version(value: Any) -> int | None:
@@ -234,6 +262,9 @@ class APIServer:
         }
         self.failures = 0
         self.requests = 0
+        self.consecutive_5xx = 0
+        self.dead: str | None = None
+        """Why this server's engine counts as dead (it then never rejoins the rotation)."""
 
     @property
     def tokenizer(self) -> Any:
@@ -313,12 +344,34 @@ class APIServer:
             status, content = response.status_code, response.content
         if 400 <= status < 500 and status not in (408, 429):
             raise InferenceRejectedError(f"{url}: HTTP {status}: {content[:300]!r}")
+        if status >= 500:
+            raise self._server_error(url, status, content)
         if status >= 400:
             raise InferenceError(f"{url}: HTTP {status}: {content[:200]!r}")
+        self.consecutive_5xx = 0
         try:
             return orjson.loads(content)
         except orjson.JSONDecodeError as exc:
             raise InferenceError(f"{url}: answer is not JSON: {content[:200]!r}") from exc
+
+    def _server_error(self, url: str, status: int, content: bytes) -> InferenceError:
+        """The error for a 5xx answer; an InferenceEngineDeadError (and ``self.dead`` set) when
+        the answer names a dead engine or ``dead_after_5xx`` answers in a row were 5xx."""
+        self.consecutive_5xx += 1
+        message = _error_message(content)
+        was_alive = self.dead is None
+        if any(marker in message for marker in DEAD_ENGINE_MARKERS):
+            self.dead = (f"inference engine at {self.root_url} is dead (HTTP {status}: "
+                         f"{message}); restart the server (its log has the cause)")  # fmt: skip
+        elif self.consecutive_5xx >= self.config.dead_after_5xx:
+            self.dead = (f"inference server at {self.root_url} answered HTTP 5xx to "
+                         f"{self.consecutive_5xx} requests in a row (last: {status}: {message}); "
+                         "its engine looks dead: restart it (its log has the cause)")  # fmt: skip
+        if self.dead is not None:
+            if was_alive:
+                logger.error("%s: it leaves the rotation for good", self.dead)
+            return InferenceEngineDeadError(self.dead)
+        return InferenceError(f"{url}: HTTP {status}: {content[:200]!r}")
 
     async def timed(self, split: str, call: Awaitable[T]) -> T:
         """Run one request in one of the split's slots, keeping latency and the circuit

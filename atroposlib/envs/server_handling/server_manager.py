@@ -40,6 +40,7 @@ from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.errors import (
     ConfigError,
+    InferenceEngineDeadError,
     InferenceError,
     InferenceRejectedError,
     InferenceUnavailableError,
@@ -145,6 +146,8 @@ class ServerManager:
     # ---- routing ------------------------------------------------------------------------
 
     def _usable(self, server: APIServer, split: str) -> bool:
+        if engine_dead(server) is not None:
+            return False
         breaker = getattr(server, "breaker", None)
         if breaker is None:  # a server of Atropos's shape: its own health flag and semaphores
             return bool(server.server_healthy) and free_slots(server, split) > 0
@@ -167,8 +170,17 @@ class ServerManager:
             server.breaker.trip()
         self._slot_freed.set()
 
+    @property
+    def dead_reason(self) -> str | None:
+        """Why no server can sample any more (every engine is dead), else None."""
+        if self.servers and all(engine_dead(s) is not None for s in self.servers):
+            return "; ".join(str(engine_dead(s)) for s in self.servers)
+        return None
+
     async def _acquire(self, split: str, servers: Sequence[APIServer]) -> APIServer:
         while True:
+            if all(engine_dead(s) is not None for s in servers):
+                raise InferenceEngineDeadError("; ".join(str(engine_dead(s)) for s in servers))
             usable = [s for s in servers if self._usable(s, split)]
             if usable:
                 most_free = max(free_slots(s, split) for s in usable)
@@ -199,6 +211,8 @@ class ServerManager:
                 return await op(server)
             except InferenceRejectedError:
                 raise
+            except InferenceEngineDeadError:
+                continue  # another server, if one is alive (_acquire raises when none is)
             except InferenceError as exc:
                 attempt += 1
                 if attempt > self.max_retries:
@@ -367,6 +381,12 @@ class _Pinned:
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         return await self.manager.get_logprobs(**kwargs)
+
+
+def engine_dead(server: APIServer) -> str | None:
+    """Why the server's engine counts as dead; None for a live one or a server of Atropos's
+    shape (set by hand, no ``dead`` attribute)."""
+    return getattr(server, "dead", None)
 
 
 def free_slots(server: APIServer, split: str) -> int:
