@@ -15,8 +15,11 @@ vLLM's ``SamplingParams`` fields beside it (``n``, ``max_tokens``, ``temperature
 ``text``, ``token_ids``, ``finish_reasons``, with ``prompt`` and ``prompt_token_ids``; with
 ``logprobs`` set, ``logprobs[i][t]`` is ``[{token_id: logprob, ...}]`` with the sampled token
 first (then the top alternatives); with ``prompt_logprobs`` set, ``prompt_logprobs[t]`` likewise
-(``null`` for the first prompt token). A bad field answers 422 naming it; ``stream`` is not
-offered (422). A dead engine answers 500 with vLLM's ``EngineDeadError`` message.
+(``null`` for the first prompt token). Logprobs are those of the distribution sampled from,
+after temperature, as the trainer computes them: ``--logprobs-mode processed_logprobs`` is the
+default here (vLLM's own default is the untempered ``raw_logprobs``). A bad field answers 422
+naming it; ``stream`` is not offered (422). A dead engine answers 500 with vLLM's
+``EngineDeadError`` message.
 
 By default it listens on every interface, as ``vllm serve`` and Atropos's server do, because
 environments usually run on other nodes; ``--host 127.0.0.1`` keeps it local. On vLLM's CPU
@@ -120,6 +123,13 @@ def answer(final: Any, with_logprobs: bool, with_prompt_logprobs: bool) -> dict[
     return body
 
 
+def refused(exc: BaseException) -> bool:
+    """An error the request caused: vLLM's ``VLLMClientError`` family (not ``ValueError``s),
+    its ``GracefulHTTPError`` (with its own status), or a plain ``ValueError``."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return isinstance(exc, ValueError) or bool(names & {"VLLMClientError", "GracefulHTTPError"})
+
+
 def error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
@@ -163,17 +173,20 @@ async def generate(request: GenerateRequest) -> Response:
         params = sampling_params(fields)
     except TypeError as exc:  # an unknown field: "Unexpected keyword argument 'x'"
         return error(422, f"unknown sampling field ({exc})")
-    except ValueError as exc:  # vLLM's own checks name the field
-        return error(422, str(exc))
+    except Exception as exc:
+        if refused(exc):  # vLLM's own checks name the field
+            return error(422, str(exc))
+        raise
     final = None
     try:
         async for output in engine.generate(request.engine_prompt(), params, uuid.uuid4().hex):
             final = output
     except asyncio.CancelledError:
         return Response(status_code=499)
-    except ValueError as exc:  # e.g. a prompt longer than --max-model-len
-        return error(422, f"prompt: {exc}")
-    except Exception as exc:  # EngineDeadError / EngineGenerateError: the client must know
+    except Exception as exc:
+        if refused(exc):  # e.g. a prompt longer than --max-model-len
+            return error(getattr(exc, "http_status", 422), str(exc))
+        # EngineDeadError / EngineGenerateError: clients recognise a dead engine by its name
         logger.exception("generation failed")
         return error(500, f"{type(exc).__name__}: {exc}")
     if final is None:
@@ -195,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--log-level", default="info")
     parser = AsyncEngineArgs.add_cli_args(parser)
+    parser.set_defaults(logprobs_mode="processed_logprobs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = AsyncEngineArgs.from_cli_args(args)
