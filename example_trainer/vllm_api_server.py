@@ -206,18 +206,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="0.0.0.0", help="interface to listen on")
     parser.add_argument("--port", type=int, default=9001)
-    parser.add_argument("--log-level", default="info")
     parser = AsyncEngineArgs.add_cli_args(parser)
     parser.set_defaults(logprobs_mode="processed_logprobs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    log_level = str(args.log_level or "info").lower()  # vLLM's own --log-level
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = AsyncEngineArgs.from_cli_args(args)
     engine = AsyncLLMEngine.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)
     scheduler = engine.vllm_config.scheduler_config
     drop_seed = current_platform.is_cpu() and bool(scheduler.enable_chunked_prefill)
     logger.info("serving %s on http://%s:%d (/generate, /health)", args.model, args.host, args.port)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=log_level)
     finally:
         engine.shutdown()
 
