@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = AsyncEngineArgs.add_cli_args(parser)
     parser.set_defaults(logprobs_mode="processed_logprobs")
     args = parser.parse_args(argv)
-    log_level = str(args.log_level or "info").lower()  # vLLM's own --log-level
+    log_level = str(getattr(args, "log_level", "info")).lower()  # vLLM's --log-level
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = AsyncEngineArgs.from_cli_args(args)
     engine = AsyncLLMEngine.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)

@@ -189,7 +189,7 @@ def test_prompt_logprobs_are_the_models_own(http: httpx.Client, reference: tuple
     [
         ({"prompt": "x", "bogus": 1}, "bogus"),
         ({"prompt": "x", "top_p": 2.0}, "top_p"),
-        ({"prompt": [1] * 3000, "max_tokens": 1}, "prompt (length 3000)"),
+        ({"prompt": [1] * 3000, "max_tokens": 1}, "prompt contains 3000 input tokens"),
         ({"prompt": {"prompt_token_ids": []}}, "prompt.TokenPrompt.prompt_token_ids"),
     ],
 )
