@@ -27,6 +27,7 @@ from atroposlib.envs.groups import (
     group_from_items,
     group_rejection_reason,
 )
+from atroposlib.envs.optional_fields import RepairNotices, repair_optional_fields
 from atroposlib.envs.rollouts import TokenSampler
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -116,6 +117,7 @@ class BaseEnv(ABC):
         self.perf = self.stats.perf
         self.tracker: Tracker = NullTracker()
         self.rollouts_for_wandb: list[list[tuple[Any, float]]] = []
+        self.repair_notices = RepairNotices()
         self._submit: Callable[[dict[str, Any]], None] | None = None
         self._on_step: Callable[[int], Awaitable[None]] | None = None
         self._tokenizer: Any = None
@@ -450,7 +452,15 @@ class BaseEnv(ABC):
         try:
             group, payload = checked_wire_form(candidate)
         except ValidationError as exc:
-            return f"malformed group: {invalid_group_reason(exc)}"
+            # messages / extra in another shape cost the field, never the group
+            repaired = repair_optional_fields(candidate) if isinstance(candidate, dict) else None
+            if repaired is None:
+                return f"malformed group: {invalid_group_reason(exc)}"
+            try:
+                group, payload = checked_wire_form(repaired.group)
+            except ValidationError as still:
+                return f"malformed group: {invalid_group_reason(still)}"
+            self.repair_notices.announce(repaired)
         reason = group_rejection_reason(
             group,
             group_size=self.config.group_size,
