@@ -122,6 +122,7 @@ class BaseEnv(ABC):
         self._on_step: Callable[[int], Awaitable[None]] | None = None
         self._tokenizer: Any = None
         self.last_failure: str | None = None
+        self.last_rollout_raised = False
         self.status_dict: dict[str, Any] = {}
         """The last ``/status-env`` answer (``current_step``, ``queue_size``, ...)."""
 
@@ -377,9 +378,11 @@ class BaseEnv(ABC):
         self, item: Item, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
         """Roll out ``item`` and return the groups fit to send; failures are logged and counted
-        (``last_failure`` says why, set just before returning: safe with concurrent items)."""
+        (``last_failure`` says why, ``last_rollout_raised`` whether it was an exception; both
+        set just before returning: safe with concurrent items)."""
         started = time.perf_counter()
         failure: str | None = None
+        raised = False
         try:
             trajectories, extra = await self.collect_trajectories(item)
             self.backlog.extend(extra or [])
@@ -388,10 +391,12 @@ class BaseEnv(ABC):
             logger.warning("rollout postponed, inference unavailable: %s", exc)
             self.backlog.append(item)
             trajectories, failure = None, f"inference unavailable: {exc}"
+            raised = True
         except Exception as exc:
             logger.exception("rollout of item failed in %s", type(self).__name__)
             trajectories = None
             failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
+            raised = True
         finally:
             await self.cleanup()
         self.last_failure = None
@@ -401,6 +406,7 @@ class BaseEnv(ABC):
             await self.add_rollouts_for_wandb(group, item)
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
         self.last_failure = None if groups else failure or "collect_trajectories gave no group"
+        self.last_rollout_raised = not groups and raised
         return groups
 
     def accept_groups(

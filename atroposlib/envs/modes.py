@@ -77,8 +77,15 @@ def _for_report(env: ServedEnv, group: dict[str, Any]) -> dict[str, Any]:
 
 ATTEMPTS_PER_ITEM = 3
 """How often ``process`` rolls out one item before it gives that item up."""
+RAISED_IN_A_ROW = 15
+"""``process`` stops after this many rollouts in a row raised: an env or server fault, not the
+bad luck its budget waits out."""
 ATTEMPTS_FLAG = "--env.process_max_attempts_without_group"
 MINUTES_FLAG = "--env.process_max_minutes_without_group"
+
+
+_Outcome = tuple[list[dict[str, Any]], str | None, bool]
+"""One rollout in ``process``: its groups, why it gave none, whether it raised."""
 
 
 class ProcessFailedError(ConfigError):
@@ -97,6 +104,7 @@ class _ProcessState:
     tried: int = 0
     rollouts: int = 0
     rollouts_without_group: int = 0
+    raised_in_a_row: int = 0
     last_group_at: float = 0.0
     last_failure: str | None = None
     stopped_by: str | None = None
@@ -118,15 +126,17 @@ class ProcessBudget:
     def rollouts_left(self, state: _ProcessState) -> int | None:
         return None if self.rollouts == -1 else self.rollouts - state.rollouts_without_group
 
-    def spent(self, state: _ProcessState, now: float) -> str | None:
-        """Why the budget is spent, naming the flag that sets it, or ``None``."""
+    def why_stop(self, state: _ProcessState, now: float) -> str | None:
+        """Why ``process`` should stop now (a spent budget names its flag), or ``None``."""
+        if state.raised_in_a_row >= RAISED_IN_A_ROW:
+            return f"{state.raised_in_a_row} rollouts in a row raised an error (see the log)"
         if self.rollouts != -1 and state.rollouts_without_group >= self.rollouts:
             return (f"{state.rollouts_without_group} rollouts in a row wrote no group "
-                    f"({ATTEMPTS_FLAG} {self.rollouts})")  # fmt: skip
+                    f"({ATTEMPTS_FLAG} {self.rollouts}; raise it to keep trying)")  # fmt: skip
         waited = (now - state.last_group_at) / 60
         if self.minutes != -1 and waited >= self.minutes:
             return (f"{waited:.1f} minutes without a written group "
-                    f"({MINUTES_FLAG} {self.minutes:g})")  # fmt: skip
+                    f"({MINUTES_FLAG} {self.minutes:g}; raise it to keep trying)")  # fmt: skip
         return None
 
 
@@ -143,9 +153,11 @@ async def _next_items(env: ServedEnv, state: _ProcessState, want: int) -> list[t
     return batch
 
 
-def _settle(state: _ProcessState, key: int, item: Any, wrote: bool, failure: str | None) -> None:
+def _settle(state: _ProcessState, key: int, item: Any, outcome: _Outcome) -> None:
+    groups, failure, raised = outcome
     state.rollouts += 1
-    if wrote:
+    state.raised_in_a_row = state.raised_in_a_row + 1 if raised else 0
+    if groups:
         return
     state.rollouts_without_group += 1
     state.last_failure = failure or state.last_failure
@@ -189,7 +201,7 @@ async def process(
         bar = progress.add_task("groups", total=state.target, rate=0.0, mean=float("nan"),
                                 rollouts=0)  # fmt: skip
         while state.missing > 0:
-            state.stopped_by = budget.spent(state, clock())
+            state.stopped_by = budget.why_stop(state, clock())
             if state.stopped_by is not None:
                 break
             batch = await _next_items(env, state, _batch_size(state, budget, concurrency))
@@ -198,14 +210,14 @@ async def process(
                 logger.info(state.stopped_by)
                 break
             outcomes = await asyncio.gather(*(_roll_out(env, item) for _, item in batch))
-            for (key, item), (groups, failure) in zip(batch, outcomes, strict=True):
-                for group in groups[: state.missing]:
+            for (key, item), outcome in zip(batch, outcomes, strict=True):
+                for group in outcome[0][: state.missing]:
                     row = _for_report(env, group)
                     jsonl.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
                     state.rows.append(row)
                     state.scores.extend(float(s) for s in row["scores"])
                     state.rollouts_without_group, state.last_group_at = 0, clock()
-                _settle(state, key, item, bool(groups), failure)
+                _settle(state, key, item, outcome)
             elapsed = max(1e-9, clock() - state.started_at)
             mean = sum(state.scores) / len(state.scores) if state.scores else float("nan")
             progress.update(bar, completed=len(state.rows), rate=len(state.rows) / elapsed,
@@ -214,23 +226,16 @@ async def process(
     return _finish_process(env, state, path)
 
 
-async def _roll_out(env: ServedEnv, item: Any) -> tuple[list[dict[str, Any]], str | None]:
+async def _roll_out(env: ServedEnv, item: Any) -> _Outcome:
     groups = await env.run_item(item, max_token_len=-1)
-    return groups, env.last_failure
-
-
-def _stop_reason(state: _ProcessState) -> str:
-    reason = state.stopped_by or "stopped"
-    if "--env." in reason:
-        reason += ", raise it to keep trying"
-    return reason
+    return groups, env.last_failure, env.last_rollout_raised
 
 
 def _finish_process(env: ServedEnv, state: _ProcessState, path: Path) -> list[dict[str, Any]]:
     if not state.rows:
         path.unlink(missing_ok=True)
         raise ProcessFailedError(
-            f"process wrote no group: {_stop_reason(state)}; {state.rollouts} rollouts of "
+            f"process wrote no group: {state.stopped_by}; {state.rollouts} rollouts of "
             f"{state.tried} items; last failure: {state.last_failure or 'none'}"
         )
     html_path = path.with_suffix(".html")
@@ -240,7 +245,7 @@ def _finish_process(env: ServedEnv, state: _ProcessState, path: Path) -> list[di
                 state.rollouts)  # fmt: skip
     if state.missing > 0:
         logger.warning("only %d of %d groups were written: %s; last failure: %s",
-                       len(state.rows), state.target, _stop_reason(state),
+                       len(state.rows), state.target, state.stopped_by,
                        state.last_failure)  # fmt: skip
     return state.rows
 
