@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.compare:
         return compare(*args.compare)
-    args.atropos = args.atropos.resolve()
+    args.atropos, args.out = args.atropos.resolve(), args.out.resolve()  # the runs' cwd differs
     if (args.atropos / "atroposlib").exists():
         parser.error(f"{args.atropos}/atroposlib would shadow the library under test; give a "
                      "folder with Atropos's environments/ only")  # fmt: skip
