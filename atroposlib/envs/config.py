@@ -111,7 +111,7 @@ class BaseEnvConfig(BaseModel):
         description="process: stop after this many rollouts in a row wrote no group (-1: never).",
     )
     process_max_minutes_without_group: float = Field(
-        default=60,
+        default=-1,
         description="process: stop after this many minutes without a written group (-1: never).",
     )
 
