@@ -171,7 +171,9 @@ def _settle(state: _ProcessState, key: int, item: Any, outcome: _Outcome) -> Non
 
 
 def _batch_size(state: _ProcessState, budget: ProcessBudget, concurrency: int) -> int:
-    want = min(concurrency, state.missing)
+    """One rollout per missing group while rollouts give groups; every worker once they stop
+    (a small model may need hundreds of tries: the engine batches them for about one's time)."""
+    want = min(concurrency, state.missing if state.rollouts_without_group == 0 else concurrency)
     left = budget.rollouts_left(state)
     return max(1, want if left is None else min(want, left))
 

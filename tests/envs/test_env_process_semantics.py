@@ -3,6 +3,7 @@ Atropos's keys, and exits non-zero with one line when it could write nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -144,6 +145,23 @@ async def test_a_rarely_forming_group_is_waited_for_past_many_given_up_items(
     written = await modes.process(env)
     assert len(written) == 1 and rows(tmp_path)[0]["tokens"] == good_group(600)["tokens"]
     assert len(env.calls) == 60 * modes.ATTEMPTS_PER_ITEM + 1  # 181 rollouts, none wasted
+
+
+async def test_rollouts_that_give_no_group_widen_to_every_worker(tmp_path: Path) -> None:
+    class CountingEnv(ScriptedEnv):
+        running, peaks = 0, []
+
+        async def collect_trajectories(self, item: Any) -> tuple[Any, list[Any]]:
+            self.running += 1
+            self.peaks.append(self.running)
+            await asyncio.sleep(0.01)
+            self.running -= 1
+            return await super().collect_trajectories(item)
+
+    config = make_env(tmp_path, {}, items=1, total=1, max_num_workers=4).config
+    env = CountingEnv(config, {key: NO_GROUP for key in range(3)}, items=100)
+    assert len(await modes.process(env)) == 1
+    assert env.peaks[0] == 1 and max(env.peaks) == 4  # one while groups come, then all four
 
 
 async def test_the_rollout_budget_stops_process_with_the_flag_to_raise(tmp_path: Path) -> None:
