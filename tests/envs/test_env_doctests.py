@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "atroposlib.envs.groups",
+    "atroposlib.envs.optional_fields",
     "atroposlib.envs.stats",
     "atroposlib.envs.reward_fns.registry",
     "atroposlib.envs.reward_fns.reward_function",
