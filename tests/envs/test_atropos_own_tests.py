@@ -81,7 +81,7 @@ def test_files_whose_tests_skipped_for_want_of_vllm_are_rerun_and_their_rows_rep
     ]
     lines = runner.table({"source": "atropos", "vllm": "vLLM 0.32.0", "tests": merged,
                           "counts": runner.summary(merged)})  # fmt: skip
-    assert "The 3 tests marked *vLLM 0.32.0*" in lines[2]
+    assert "The 3 tests marked *vLLM 0.32.0* are those of the 2 files" in lines[2]
     assert "| `test_managed_server.py::test_plain` | passed (vLLM 0.32.0) |  |" in lines
     assert "| `test_api_legacy.py::test_register` | passed |  |" in lines
 
