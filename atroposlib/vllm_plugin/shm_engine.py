@@ -47,7 +47,7 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
 
 
 class SharedMemoryWeightTransferEngine(
-    WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]  # type: ignore[misc]
+    WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]
 ):
     init_info_cls = SharedMemoryInitInfo
     update_info_cls = SharedMemoryUpdateInfo

