@@ -221,6 +221,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 tracker.log(metrics, step=step)
                 history[-1].update(metrics)
             if failed is not None:  # on every rank, not only rank 0
+                close_all(sync, tracker, client if rank == 0 else None)  # shm blocks too
                 raise WeightSyncError(failed)
         if world > 1:
             dist.barrier()

@@ -217,7 +217,8 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
     trajectories = result["r"]
     prompt = sampler.start(chat).tokens
     aborted = [p for p in pieces if p["finish_reason"] == "abort"]
-    assert len(aborted) >= 1  # at least the request holding the replies was cut
+    assert len(aborted) == IN_FLIGHT  # every reply was cut by the update...
+    assert len(pieces) == 2 * IN_FLIGHT  # ...and continued once, never sampled again
     for trajectory in trajectories:  # type: ignore[attr-defined]
         reply = trajectory.reply_ids
         assert len(reply) == REPLY_TOKENS and trajectory.finish_reason == "length"
