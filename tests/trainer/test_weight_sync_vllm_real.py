@@ -355,6 +355,7 @@ class VersionWatch:
         self._thread.join(timeout=60)
 
 
+@pytest.mark.timeout(1800)  # four steps on two shared cores, with an env and a broker
 def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     served: VllmServer, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -370,6 +371,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     model, url = model_path(), served.url
     before = greedy(url, served.model)
     assert before == hf_greedy(load_model(model))  # the base weights, whatever ran before
+    httpx.post(f"{url}/update_weight_version", json={"new_version": "base"}).raise_for_status()
     port = free_port()
     broker_url = f"http://127.0.0.1:{port}"
     procs = [subprocess.Popen([sys.executable, "-m", "atroposlib.api", "--store", "memory",
@@ -382,30 +384,32 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
              "--openai.base_url", served.base_url, "--openai.server_type", "vllm",
              "--openai.model_name", served.model, "--env.tokenizer_name", str(model),
              "--env.rollout_server_url", broker_url, "--env.group_size", "4",
-             "--env.max_completion_tokens", "32", "--env.total_steps", "4",
-             "--env.max_token_length", "512", "--env.use_wandb", "false"],
+             "--env.max_completion_tokens", "24", "--env.total_steps", "4",
+             "--env.max_token_length", "256", "--env.use_wandb", "false"],
             env=subprocess_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         ))  # fmt: skip
         trainer = [
             sys.executable, "-m", "example_trainer.train", "--model", str(model),
             "--save-dir", str(tmp_path / "run"), "--broker-url", broker_url,
-            "--batch-size", "8", "--num-steps", "4", "--lr", "1e-4", "--max-token-len", "512",
-            "--micro-batch-tokens", "1024", "--loss.behavior-logprobs", "inference",
+            "--batch-size", "8", "--num-steps", "4", "--lr", "1e-4", "--max-token-len", "256",
+            "--micro-batch-tokens", "512", "--loss.behavior-logprobs", "inference",
             "--no-loss.mask-zero-variance-groups",
             "--weight-sync", "vllm", "--sync-transport", "shm", "--sync-pause", "keep",
             "--inference-urls", url,
         ]  # fmt: skip
-        with VersionWatch(served) as watch:
-            done = subprocess.run(trainer, env=subprocess_env, capture_output=True, text=True,
-                                  timeout=1500)  # fmt: skip
+        log = tmp_path / "trainer.log"
+        with VersionWatch(served) as watch, log.open("w") as stderr:
+            done = subprocess.run(trainer, env=subprocess_env, stdout=subprocess.DEVNULL,
+                                  stderr=stderr, text=True, timeout=1500)  # fmt: skip
     finally:
         for proc in reversed(procs):
             proc.terminate()
             proc.wait(timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
+    said = log.read_text()
+    assert done.returncode == 0, said[-3000:]
     assert version(url) == "4"
     assert "1" in watch.greedy_at and watch.greedy_at["1"] != before  # the first push landed
-    lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", done.stderr)
-    assert [step for step, _, _ in lags] == ["1", "2", "3", "4"], done.stderr[-3000:]
+    lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", said)
+    assert [step for step, _, _ in lags] == ["1", "2", "3", "4"], said[-3000:]
     assert all(float(mean) >= 0 for _, mean, _ in lags)

@@ -24,11 +24,11 @@ from example_trainer.sync_report import SyncReport
 from example_trainer.weight_sync import WeightSync, push_weights, sync_for
 
 PROMPT_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
-_steps = itertools.count(1)
+_steps = itertools.count(101)
 
 
 def next_version() -> int:
-    """A weight version no earlier push of this test session used."""
+    """A weight version no earlier push of this test session used (above the trainer's)."""
     return next(_steps)
 
 
