@@ -131,7 +131,7 @@ def test_a_group_that_never_forms_stops_at_the_budget_naming_its_flag(
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "error: process wrote no group: 8 rollouts in a row wrote no group "
-        "(--env.process_max_attempts_without_group 8; raise it to keep trying); 8 rollouts of 3 "
+        "(--env.process_max_attempts_without_group 8; raise it to keep trying); 8 rollouts of 7 "
         "items; last failure: collect_trajectories gave no group"
     )
     assert not (tmp_path / "groups.jsonl").exists()

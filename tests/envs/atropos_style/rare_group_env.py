@@ -31,10 +31,11 @@ class RareGroupEnv(BaseEnv):
 
     async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List]:
         self.rollouts += 1
+        rollout = self.rollouts  # rollouts run concurrently: the counter moves during the await
         completion = await self.server.chat_completion(
             messages=item, n=self.config.group_size, max_tokens=4, temperature=1.0
         )
-        if self.rollouts != self.config.group_on_rollout:
+        if rollout != self.config.group_on_rollout:
             return None, []  # every reply wrong: no learning signal
         group = ScoredDataGroup(tokens=[], masks=[], scores=[])
         for index, choice in enumerate(completion.choices):
