@@ -355,7 +355,7 @@ class VersionWatch:
         self._thread.join(timeout=60)
 
 
-@pytest.mark.timeout(1800)  # four steps on two shared cores, with an env and a broker
+@pytest.mark.timeout(3600)  # four steps on two shared cores: ~3 min idle, 30+ min loaded
 def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     served: VllmServer, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -384,7 +384,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
              "--openai.base_url", served.base_url, "--openai.server_type", "vllm",
              "--openai.model_name", served.model, "--env.tokenizer_name", str(model),
              "--env.rollout_server_url", broker_url, "--env.group_size", "4",
-             "--env.max_completion_tokens", "24", "--env.total_steps", "4",
+             "--env.max_completion_tokens", "40", "--env.total_steps", "4",
              "--env.max_token_length", "256", "--env.use_wandb", "false"],
             env=subprocess_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -392,7 +392,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
         trainer = [
             sys.executable, "-m", "example_trainer.train", "--model", str(model),
             "--save-dir", str(tmp_path / "run"), "--broker-url", broker_url,
-            "--batch-size", "8", "--num-steps", "4", "--lr", "1e-4", "--max-token-len", "256",
+            "--batch-size", "16", "--num-steps", "4", "--lr", "1e-3", "--max-token-len", "256",
             "--micro-batch-tokens", "512", "--loss.behavior-logprobs", "inference",
             "--no-loss.mask-zero-variance-groups",
             "--weight-sync", "vllm", "--sync-transport", "shm", "--sync-pause", "keep",
@@ -401,7 +401,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
         log = tmp_path / "trainer.log"
         with VersionWatch(served) as watch, log.open("w") as stderr:
             done = subprocess.run(trainer, env=subprocess_env, stdout=subprocess.DEVNULL,
-                                  stderr=stderr, text=True, timeout=1500)  # fmt: skip
+                                  stderr=stderr, text=True, timeout=3300)  # fmt: skip
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -410,6 +410,8 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     assert done.returncode == 0, said[-3000:]
     assert version(url) == "4"
     assert "1" in watch.greedy_at and watch.greedy_at["1"] != before  # the first push landed
+    final = load_model(tmp_path / "run" / "step-4")  # the trainer's last checkpoint
+    assert watch.greedy_at["4"] == hf_greedy(final)  # what vLLM serves is exactly it
     lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", said)
     assert [step for step, _, _ in lags] == ["1", "2", "3", "4"], said[-3000:]
     assert all(float(mean) >= 0 for _, mean, _ in lags)
