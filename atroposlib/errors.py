@@ -90,6 +90,12 @@ class InferenceUnavailableError(InferenceError):
     """Every attempt on every inference server failed; the rollout cannot be generated now."""
 
 
+class InferenceEngineDeadError(InferenceError):
+    """An inference server is up but its engine is dead: it says so (vLLM's ``EngineDeadError``)
+    or answered HTTP 5xx to ``dead_after_5xx`` requests in a row. Retrying cannot help; the run
+    stops with this one line (restart the server; its log has the cause)."""
+
+
 class InferenceRejectedError(InferenceError):
     """The inference server refused the request (4xx): fix the request; retrying cannot help."""
 

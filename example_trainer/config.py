@@ -29,7 +29,7 @@ from atroposlib.utils.yaml_settings import (
 FULL_SYNC = ("disk", "vllm_restart", "embedded", "vllm", "sglang")
 LIVE_SYNC = {
     "embedded": ("http", "shm"),
-    "vllm": ("nccl", "ipc", "disk"),
+    "vllm": ("nccl", "ipc", "shm", "disk"),
     "sglang": ("distributed", "disk"),
 }
 """The engines' native in-flight APIs and their transports (the first is ``auto``'s)."""
@@ -249,7 +249,7 @@ class TrainerConfig(LayeredSettings):
     )
     sync_transport: Literal["auto", "http", "shm", "nccl", "ipc", "disk", "distributed"] = Field(
         "auto",
-        description="In-flight transport: embedded http|shm, vllm nccl|ipc|disk, sglang "
+        description="In-flight transport: embedded http|shm, vllm nccl|ipc|shm|disk, sglang "
         "distributed|disk (auto: the first of each).",
     )
     sync_pause: Literal["keep", "wait", "abort"] = Field(

@@ -39,7 +39,11 @@ class WeightSyncError(RuntimeError):
         url, why = next(iter(report.failed.items()))
         more = f" (and {len(report.failed) - 1} more servers)" if len(report.failed) > 1 else ""
         super().__init__(
-            f"weight sync of step {report.step} failed after {report.retries + 1} attempts: "
+            f"weight sync of step {report.step} failed after {_attempts(report.retries + 1)}: "
             f"inference server {url} {why}{more}"
         )
         self.report = report
+
+
+def _attempts(count: int) -> str:
+    return "1 attempt" if count == 1 else f"{count} attempts"

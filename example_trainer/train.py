@@ -221,6 +221,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
                 tracker.log(metrics, step=step)
                 history[-1].update(metrics)
             if failed is not None:  # on every rank, not only rank 0
+                close_all(sync, tracker, client if rank == 0 else None)  # shm blocks too
                 raise WeightSyncError(failed)
         if world > 1:
             dist.barrier()
@@ -438,7 +439,8 @@ def data_metrics(stats: Any, lags: np.ndarray, step: int) -> dict[str, float]:
 
 def log_step(step: int, row: dict[str, float]) -> None:
     logger.info(
-        "step %d loss %.4f grad_norm %.3f entropy %.3f clip %.3f mismatch_kl %.2e tok/s %.0f",
+        "step %d loss %.4f grad_norm %.3f entropy %.3f clip %.3f mismatch_kl %.2e tok/s %.0f "
+        "version_lag mean %.2f max %.0f",
         step,
         row["train/loss"],
         row["train/grad_norm"],
@@ -446,6 +448,8 @@ def log_step(step: int, row: dict[str, float]) -> None:
         row["train/clip_frac"],
         row["train/mismatch_kl"],
         row["train/tokens_per_s"],
+        row["train/version_lag_mean"],
+        row["train/version_lag_max"],
     )
 
 

@@ -41,24 +41,11 @@ NOT_PROVIDED = {
     "atroposlib.envs.reward_fns.chandas_meter_reward": "needs the chandas package; not ported",
     "atroposlib.envs.reward_fns.r1_reward": "not ported",
     "atroposlib.envs.reward_fns.cascading_r1_math_reward": "not ported",
-    "atroposlib.envs.server_handling.managed_server_proxy": "Atropos's OpenAI proxy app for "
-    "external agents; not ported",
-    "atroposlib.envs.server_handling.proxy_client": "client of that proxy; not ported",
-    "atroposlib.envs.server_handling.trl_vllm_server": "TRL's vllm-serve backend; not ported",
-    "atroposlib.envs.server_handling.tool_call_translator": "vLLM tool-parser bridge; our "
-    "managed_server parses hermes tool calls itself",
     "atroposlib.utils.cli": "Atropos's CLI internals (also re-exported by envs.base and the "
     "teacher env: merge_dicts, extract_namespace, ...); our CLI is envs.settings",
     "atroposlib.utils.force_diverse_samples": "not ported",
     "atroposlib.utils.tokenizers.qwen_fixed_tokenizer": "not ported",
     "atroposlib.utils.tokenizers": "not ported",
-    "atroposlib.envs.server_handling.server_harness": "Atropos's scripted test double; ours is "
-    "envs.server_handling.harness (the --testing server)",
-    "resolve_openai_configs": "Atropos's CLI internal; our CLI resolves servers in envs.settings",
-    "AsyncSemWithAdaptiveWeight": "Atropos's weighted semaphore; our ServerManager counts "
-    "in-flight requests per server (same weighting)",
-    "generate_html": "Atropos's report writer; ours is utils.html_report.render_groups_html",
-    "TrlVllmServer": "TRL's vllm-serve backend; not ported",
 }
 """Modules we deliberately do not provide, with the reason printed in the report."""
 

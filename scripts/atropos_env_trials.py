@@ -10,7 +10,10 @@ library under test (``git archive HEAD environments`` of the repository gives th
 with a ``__main__`` block runs from there (on ``PYTHONPATH``) with
 ``--env.total_steps 1 --env.group_size 2``, the model folder as tokenizer and served model,
 ``server_type sglang`` (token ids for managed-server envs), offline (HF_HUB_OFFLINE=1) and
-wandb disabled. A run counts as written when it exits 0 and its JSONL holds a row.
+wandb disabled, ``OPENAI_API_KEY`` set to a placeholder when unset (some files refuse to start
+without one), an inherited ``PYTHONPATH`` kept after the checkout (to test a work tree). A run
+counts as written when it exits 0 and its JSONL holds a row; ``rollouts`` is what our
+``process`` reports having tried.
 ``--compare a.json b.json`` prints the files written on ``a`` but not on ``b``.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,9 +50,12 @@ def run_one(path: Path, args: argparse.Namespace, scratch: Path) -> dict[str, An
         "--openai.base_url", args.base_url, "--openai.model_name", args.model,
         "--openai.api_key", "x", "--openai.server_type", "sglang",
     ]  # fmt: skip
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(args.atropos), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join([str(args.atropos), *inherited]),
+           "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "x"),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     started = time.monotonic()
     try:
         done = subprocess.run(command, cwd=args.atropos, env=env, capture_output=True,
@@ -60,9 +67,12 @@ def run_one(path: Path, args: argparse.Namespace, scratch: Path) -> dict[str, An
     rows = 0
     for candidate in scratch.glob(out.stem + "*.jsonl"):
         rows += sum(1 for line in candidate.read_text(errors="replace").splitlines() if line)
+    ours = re.findall(r"\((\d+) rollouts\)", stderr or "")  # our process's last log line
+    rollouts = int(ours[-1]) if ours else None
     lines = [line for line in (stderr or "").splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "error" in line]
-    return {"file": rel, "exit": code, "rows": rows, "seconds": round(time.monotonic() - started),
+    return {"file": rel, "exit": code, "rows": rows, "rollouts": rollouts,
+            "seconds": round(time.monotonic() - started),
             "written": code == 0 and rows > 0,
             "last": (errors or lines or [""])[-1][-300:]}  # fmt: skip
 
@@ -94,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.compare:
         return compare(*args.compare)
-    args.atropos = args.atropos.resolve()
+    args.atropos, args.out = args.atropos.resolve(), args.out.resolve()  # the runs' cwd differs
     if (args.atropos / "atroposlib").exists():
         parser.error(f"{args.atropos}/atroposlib would shadow the library under test; give a "
                      "folder with Atropos's environments/ only")  # fmt: skip
@@ -109,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     written = [r for r in results if r["written"]]
     print(f"{len(written)} of {len(results)} env files wrote JSONL")
     for r in results:
-        print(f"{'OK ' if r['written'] else 'no '} {r['file']}  exit={r['exit']} rows={r['rows']} "
-              f"{r['seconds']}s  {'' if r['written'] else r['last'][:150]}")  # fmt: skip
+        tries = f" rollouts={r['rollouts']}" if r.get("rollouts") is not None else ""
+        print(f"{'OK ' if r['written'] else 'no '} {r['file']}  exit={r['exit']} rows={r['rows']}"
+              f"{tries} {r['seconds']}s  {'' if r['written'] else r['last'][:150]}")  # fmt: skip
     return 0
 
 

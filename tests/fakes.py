@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -28,3 +29,32 @@ class CharTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
+
+
+class ChatCharTokenizer:
+    """A chat tokenizer with one token per character, a BOS (1) that ``encode`` adds with
+    ``add_special_tokens`` and that decoding skips, and a template that renders ``tools``."""
+
+    bos_token_id = 1
+    eos_token_id = 2
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([self.bos_token_id] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        special = (self.bos_token_id, self.eos_token_id) if skip_special_tokens else ()
+        return "".join(chr(i) for i in ids if i not in special)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(128)}
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        text = f"<tools>{json.dumps(tools)}</tools>" if tools else ""
+        text += "".join(f"<{m['role']}>{m.get('content') or ''}</{m['role']}>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")

@@ -9,17 +9,15 @@ Uses the same renderer as the env ``process`` command. A line that is not a JSON
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, CliPositionalArg, SettingsConfigDict
 
 from atroposlib.utils.cli import exit_with_error, parse_command_line
-from atroposlib.utils.html_report import render_groups_html
+from atroposlib.utils.html_report import read_groups, render_groups_html
 
 PROG = "jsonl2html"
 
@@ -38,24 +36,6 @@ class Jsonl2HtmlSettings(BaseSettings):
     title: str | None = Field(default=None, description="Page title (default: the file name).")
 
 
-def _groups(path: Path, skipped: list[str]) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                group = json.loads(line)
-            except json.JSONDecodeError as err:
-                skipped.append(f"{path}:{number}: not JSON ({err.msg})")
-                continue
-            items = group if isinstance(group, list) else [group]
-            for item in items:
-                if isinstance(item, dict) and isinstance(item.get("scores"), list):
-                    yield item
-                else:
-                    skipped.append(f"{path}:{number}: not a group (needs a 'scores' list)")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_command_line(
         Jsonl2HtmlSettings,
@@ -69,9 +49,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     target = settings.output_path or source.with_suffix(".html")
     if target.resolve() == source.resolve():
         exit_with_error(PROG, f"the output {target} would overwrite the input; pass another path")
-    skipped: list[str] = []
     try:
-        groups = list(_groups(source, skipped))
+        groups, skipped = read_groups(source)
     except (OSError, UnicodeDecodeError) as err:
         exit_with_error(PROG, f"{source}: {err}", status=1)
     for reason in skipped:

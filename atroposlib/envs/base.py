@@ -27,7 +27,9 @@ from atroposlib.envs.groups import (
     group_from_items,
     group_rejection_reason,
 )
+from atroposlib.envs.optional_fields import RepairNotices, repair_optional_fields
 from atroposlib.envs.rollouts import TokenSampler
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -37,7 +39,8 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.envs.stats import RolloutStats
 from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
-from atroposlib.errors import InferenceUnavailableError
+from atroposlib.errors import InferenceEngineDeadError, InferenceUnavailableError
+from atroposlib.frontend.jsonl2html import generate_html
 from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
 from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import UUID, Item, Message
@@ -65,8 +68,10 @@ __all__ = [
     "ServerBaseline",
     "ServerManager",
     "ServerManagerConfig",
+    "generate_html",
     "get_std_min_max_avg",
     "parse_http_response",
+    "resolve_openai_configs",
 ]
 
 Group = ScoredData | ScoredDataGroup
@@ -116,10 +121,12 @@ class BaseEnv(ABC):
         self.perf = self.stats.perf
         self.tracker: Tracker = NullTracker()
         self.rollouts_for_wandb: list[list[tuple[Any, float]]] = []
+        self.repair_notices = RepairNotices()
         self._submit: Callable[[dict[str, Any]], None] | None = None
         self._on_step: Callable[[int], Awaitable[None]] | None = None
         self._tokenizer: Any = None
         self.last_failure: str | None = None
+        self.last_rollout_raised = False
         self.status_dict: dict[str, Any] = {}
         """The last ``/status-env`` answer (``current_step``, ``queue_size``, ...)."""
 
@@ -375,23 +382,31 @@ class BaseEnv(ABC):
         self, item: Item, *, max_token_len: int | None = None
     ) -> list[dict[str, Any]]:
         """Roll out ``item`` and return the groups fit to send; failures are logged and counted
-        (``last_failure`` says why, set just before returning: safe with concurrent items)."""
+        (``last_failure`` says why, ``last_rollout_raised`` whether it was an exception; both
+        set just before returning: safe with concurrent items)."""
         started = time.perf_counter()
         failure: str | None = None
+        raised = False
         try:
             trajectories, extra = await self.collect_trajectories(item)
             self.backlog.extend(extra or [])
             trajectories = await self.postprocess_histories(trajectories)
+        except InferenceEngineDeadError:
+            raise  # no server can sample any more: the run stops (the CLI says why)
         except InferenceUnavailableError as exc:
             logger.warning("rollout postponed, inference unavailable: %s", exc)
             self.backlog.append(item)
             trajectories, failure = None, f"inference unavailable: {exc}"
+            raised = True
         except Exception as exc:
             logger.exception("rollout of item failed in %s", type(self).__name__)
             trajectories = None
             failure = f"{type(exc).__name__} in collect_trajectories: {exc}"
+            raised = True
         finally:
             await self.cleanup()
+        if trajectories is None:  # whatever error an env or adapter made of a dead engine
+            self._raise_if_no_engine_left()
         self.last_failure = None
         groups = self.accept_groups(trajectories, max_token_len=max_token_len, item=item)
         failure = failure or self.last_failure
@@ -399,7 +414,14 @@ class BaseEnv(ABC):
             await self.add_rollouts_for_wandb(group, item)
         self.perf.record(time.perf_counter() - started, ok=bool(groups))
         self.last_failure = None if groups else failure or "collect_trajectories gave no group"
+        self.last_rollout_raised = not groups and raised
         return groups
+
+    def _raise_if_no_engine_left(self) -> None:
+        """Stop the run when every inference engine is dead: retrying items would fail forever."""
+        reason = getattr(self.server, "dead_reason", None)
+        if isinstance(reason, str):
+            raise InferenceEngineDeadError(reason)
 
     def accept_groups(
         self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None
@@ -450,7 +472,15 @@ class BaseEnv(ABC):
         try:
             group, payload = checked_wire_form(candidate)
         except ValidationError as exc:
-            return f"malformed group: {invalid_group_reason(exc)}"
+            # messages / extra in another shape cost the field, never the group
+            repaired = repair_optional_fields(candidate) if isinstance(candidate, dict) else None
+            if repaired is None:
+                return f"malformed group: {invalid_group_reason(exc)}"
+            try:
+                group, payload = checked_wire_form(repaired.group)
+            except ValidationError as still:
+                return f"malformed group: {invalid_group_reason(still)}"
+            self.repair_notices.announce(repaired)
         reason = group_rejection_reason(
             group,
             group_size=self.config.group_size,

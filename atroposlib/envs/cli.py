@@ -14,7 +14,7 @@ from pydantic_settings import SettingsError
 from atroposlib.envs.modes import MODES
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
-from atroposlib.errors import ConfigError
+from atroposlib.errors import ConfigError, InferenceEngineDeadError
 from atroposlib.utils.cli import configure_logging, describe, snake_flag
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
         _fail(str(exc))
     try:
         asyncio.run(MODES[command].run(env))
-    except ConfigError as exc:
+    except (ConfigError, InferenceEngineDeadError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(1) from None
     except KeyboardInterrupt:

@@ -106,6 +106,14 @@ class BaseEnvConfig(BaseModel):
     worker_timeout: float = Field(
         default=600, description="Seconds before a rollout is cancelled (-1: no limit)."
     )
+    process_max_attempts_without_group: int = Field(
+        default=1000,
+        description="process: stop after this many rollouts in a row wrote no group (-1: never).",
+    )
+    process_max_minutes_without_group: float = Field(
+        default=-1,
+        description="process: stop after this many minutes without a written group (-1: never).",
+    )
 
     thinking_mode: bool = Field(
         default=False,
@@ -133,6 +141,13 @@ class BaseEnvConfig(BaseModel):
 
         if value is not None and value not in VALID_REASONING_EFFORTS:
             raise ValueError(f"must be one of {sorted(VALID_REASONING_EFFORTS)}")
+        return value
+
+    @field_validator("process_max_attempts_without_group", "process_max_minutes_without_group")
+    @classmethod
+    def _budget_is_positive_or_unlimited(cls, value: float) -> float:
+        if value <= 0 and value != -1:
+            raise ValueError("must be > 0, or -1 to never stop")
         return value
 
     @field_validator("inference_weight")

@@ -21,6 +21,7 @@ TOOLS_PROMPT = (
     "(one block per call). Answer in plain text when no tool is needed."
 )
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_TOOL_CALL_OR_UNCLOSED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -32,9 +33,12 @@ def tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
     return TOOLS_PROMPT.format(tools="\n".join(json.dumps(dict(tool)) for tool in tools))
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(
+    text: str, *, allow_unclosed: bool = False
+) -> tuple[str | None, list[dict[str, Any]]]:
     """(content before the first call, OpenAI ``tool_calls``) of ``<tool_call>{json}`` blocks;
-    a block that is not a JSON object with a name is left in the content.
+    a block that is not a JSON object with a name is left in the content. ``allow_unclosed``:
+    a last block without ``</tool_call>`` counts too (vLLM's hermes parser reads it).
 
     >>> content, calls = parse_tool_calls(
     ...     'Let me check.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
@@ -42,9 +46,11 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     ('Let me check.', [('f', '{"x": 1}')])
     >>> parse_tool_calls("<tool_call>{oops}</tool_call>")[1]
     []
+    >>> len(parse_tool_calls('<tool_call>{"name": "f"}', allow_unclosed=True)[1])
+    1
     """
     calls = []
-    for block in _TOOL_CALL.findall(text):
+    for block in (_TOOL_CALL_OR_UNCLOSED if allow_unclosed else _TOOL_CALL).findall(text):
         try:
             decoded = json.loads(block)
         except ValueError:

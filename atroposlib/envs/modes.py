@@ -77,8 +77,15 @@ def _for_report(env: ServedEnv, group: dict[str, Any]) -> dict[str, Any]:
 
 ATTEMPTS_PER_ITEM = 3
 """How often ``process`` rolls out one item before it gives that item up."""
-ITEMS_GIVEN_UP_IN_A_ROW = 5
-"""``process`` stops when this many items in a row gave no group in all their attempts."""
+RAISED_IN_A_ROW = 15
+"""``process`` stops after this many rollouts in a row raised: an env or server fault, not the
+bad luck its budget waits out."""
+ATTEMPTS_FLAG = "--env.process_max_attempts_without_group"
+MINUTES_FLAG = "--env.process_max_minutes_without_group"
+
+
+_Outcome = tuple[list[dict[str, Any]], str | None, bool]
+"""One rollout in ``process``: its groups, why it gave none, whether it raised."""
 
 
 class ProcessFailedError(ConfigError):
@@ -88,18 +95,49 @@ class ProcessFailedError(ConfigError):
 @dataclass
 class _ProcessState:
     target: int
+    started_at: float
     rows: list[dict[str, Any]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     attempts: dict[int, int] = field(default_factory=dict)
     retry: list[tuple[int, Any]] = field(default_factory=list)
     given_up: int = 0
-    given_up_in_a_row: int = 0
     tried: int = 0
+    rollouts: int = 0
+    rollouts_without_group: int = 0
+    raised_in_a_row: int = 0
+    last_group_at: float = 0.0
     last_failure: str | None = None
+    stopped_by: str | None = None
+    """Why the loop ended before ``target`` groups: the budget spent (naming its flag), or
+    the env's items running out."""
 
     @property
     def missing(self) -> int:
         return self.target - len(self.rows)
+
+
+@dataclass(frozen=True)
+class ProcessBudget:
+    """How long ``process`` keeps trying without a written group (-1: no limit)."""
+
+    rollouts: int
+    minutes: float
+
+    def rollouts_left(self, state: _ProcessState) -> int | None:
+        return None if self.rollouts == -1 else self.rollouts - state.rollouts_without_group
+
+    def why_stop(self, state: _ProcessState, now: float) -> str | None:
+        """Why ``process`` should stop now (a spent budget names its flag), or ``None``."""
+        if state.raised_in_a_row >= RAISED_IN_A_ROW:
+            return f"{state.raised_in_a_row} rollouts in a row raised an error (see the log)"
+        if self.rollouts != -1 and state.rollouts_without_group >= self.rollouts:
+            return (f"{state.rollouts_without_group} rollouts in a row wrote no group "
+                    f"({ATTEMPTS_FLAG} {self.rollouts}; raise it to keep trying)")  # fmt: skip
+        waited = (now - state.last_group_at) / 60
+        if self.minutes != -1 and waited >= self.minutes:
+            return (f"{waited:.1f} minutes without a written group "
+                    f"({MINUTES_FLAG} {self.minutes:g}; raise it to keep trying)")  # fmt: skip
+        return None
 
 
 async def _next_items(env: ServedEnv, state: _ProcessState, want: int) -> list[tuple[int, Any]]:
@@ -115,78 +153,101 @@ async def _next_items(env: ServedEnv, state: _ProcessState, want: int) -> list[t
     return batch
 
 
-def _settle(state: _ProcessState, key: int, item: Any, wrote: bool, failure: str | None) -> None:
-    if wrote:
-        state.given_up_in_a_row = 0
+def _settle(state: _ProcessState, key: int, item: Any, outcome: _Outcome) -> None:
+    groups, failure, raised = outcome
+    state.rollouts += 1
+    state.raised_in_a_row = state.raised_in_a_row + 1 if raised else 0
+    if groups:
         return
+    state.rollouts_without_group += 1
     state.last_failure = failure or state.last_failure
     state.attempts[key] = state.attempts.get(key, 0) + 1
     if state.attempts[key] < ATTEMPTS_PER_ITEM:
         state.retry.append((key, item))
         return
     state.given_up += 1
-    state.given_up_in_a_row += 1
     logger.warning("item gave no group in %d attempts, skipped (last: %s): %.300r",
                    ATTEMPTS_PER_ITEM, failure, item)  # fmt: skip
 
 
-async def process(env: ServedEnv) -> list[dict[str, Any]]:
+def _batch_size(state: _ProcessState, budget: ProcessBudget, concurrency: int) -> int:
+    """One rollout per missing group while rollouts give groups; every worker once they stop
+    (a small model may need hundreds of tries: the engine batches them for about one's time)."""
+    want = min(concurrency, state.missing if state.rollouts_without_group == 0 else concurrency)
+    left = budget.rollouts_left(state)
+    return max(1, want if left is None else min(want, left))
+
+
+async def process(
+    env: ServedEnv, *, clock: Callable[[], float] = time.monotonic
+) -> list[dict[str, Any]]:
     """Write ``total_steps`` groups to JSONL and an HTML report.
 
-    Each item gets up to ``ATTEMPTS_PER_ITEM`` rollouts; it stops early when the env has no
-    more items or ``ITEMS_GIVEN_UP_IN_A_ROW`` items in a row gave nothing. Rows carry Atropos's
-    keys (nulls included). Raises ``ProcessFailedError`` when not one group was written.
+    Each item gets up to ``ATTEMPTS_PER_ITEM`` rollouts. It keeps trying while the budget
+    lasts (``process_max_attempts_without_group`` rollouts in a row, or
+    ``process_max_minutes_without_group`` minutes, without a written group) and the env has
+    items. Rows carry Atropos's keys (nulls included). Raises ``ProcessFailedError`` with the
+    one-line reason when not one group was written.
     """
     config = env.config
     await env.setup()
-    state = _ProcessState(target=config.total_steps)
+    budget = ProcessBudget(
+        rollouts=config.process_max_attempts_without_group,
+        minutes=config.process_max_minutes_without_group,
+    )
+    state = _ProcessState(target=config.total_steps, started_at=clock(), last_group_at=clock())
     path = free_path(Path(config.data_path_to_save_groups or "data/groups.jsonl"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    concurrency = max(1, min(env.max_num_workers, state.target))
+    concurrency = max(1, env.max_num_workers)
     with path.open("wb") as jsonl, _progress() as progress:
-        bar = progress.add_task("groups", total=state.target, rate=0.0, mean=float("nan"))
-        while state.missing > 0 and state.given_up_in_a_row < ITEMS_GIVEN_UP_IN_A_ROW:
-            batch = await _next_items(env, state, min(concurrency, state.missing))
+        bar = progress.add_task("groups", total=state.target, rate=0.0, mean=float("nan"),
+                                rollouts=0)  # fmt: skip
+        while state.missing > 0:
+            state.stopped_by = budget.why_stop(state, clock())
+            if state.stopped_by is not None:
+                break
+            batch = await _next_items(env, state, _batch_size(state, budget, concurrency))
             if not batch:
-                logger.info("get_next_item returned None: no more items")
+                state.stopped_by = "get_next_item returned None: the env has no more items"
+                logger.info(state.stopped_by)
                 break
             outcomes = await asyncio.gather(*(_roll_out(env, item) for _, item in batch))
-            for (key, item), (groups, failure) in zip(batch, outcomes, strict=True):
-                for group in groups[: state.missing]:
+            for (key, item), outcome in zip(batch, outcomes, strict=True):
+                for group in outcome[0][: state.missing]:
                     row = _for_report(env, group)
                     jsonl.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
                     state.rows.append(row)
                     state.scores.extend(float(s) for s in row["scores"])
-                _settle(state, key, item, bool(groups), failure)
-            elapsed = max(1e-9, time.perf_counter() - started)
+                    state.rollouts_without_group, state.last_group_at = 0, clock()
+                _settle(state, key, item, outcome)
+            elapsed = max(1e-9, clock() - state.started_at)
             mean = sum(state.scores) / len(state.scores) if state.scores else float("nan")
             progress.update(bar, completed=len(state.rows), rate=len(state.rows) / elapsed,
-                            mean=mean)  # fmt: skip
+                            mean=mean, rollouts=state.rollouts)  # fmt: skip
     await env.server.close()
     return _finish_process(env, state, path)
 
 
-async def _roll_out(env: ServedEnv, item: Any) -> tuple[list[dict[str, Any]], str | None]:
+async def _roll_out(env: ServedEnv, item: Any) -> _Outcome:
     groups = await env.run_item(item, max_token_len=-1)
-    return groups, env.last_failure
+    return groups, env.last_failure, env.last_rollout_raised
 
 
 def _finish_process(env: ServedEnv, state: _ProcessState, path: Path) -> list[dict[str, Any]]:
     if not state.rows:
         path.unlink(missing_ok=True)
         raise ProcessFailedError(
-            f"process wrote no group: {state.tried} item(s) tried, {state.given_up} given up "
-            f"after {ATTEMPTS_PER_ITEM} attempts each; last failure: "
-            f"{state.last_failure or 'get_next_item returned None'}"
+            f"process wrote no group: {state.stopped_by}; {state.rollouts} rollouts of "
+            f"{state.tried} items; last failure: {state.last_failure or 'none'}"
         )
     html_path = path.with_suffix(".html")
     title = f"{env.name or type(env).__name__}: {path.name}"
     html_path.write_text(render_groups_html(state.rows, title=title))
-    logger.info("wrote %d groups to %s and %s", len(state.rows), path, html_path)
+    logger.info("wrote %d groups to %s and %s (%d rollouts)", len(state.rows), path, html_path,
+                state.rollouts)  # fmt: skip
     if state.missing > 0:
-        logger.warning("only %d of %d groups could be generated (%d items given up; last "
-                       "failure: %s)", len(state.rows), state.target, state.given_up,
+        logger.warning("only %d of %d groups were written: %s; last failure: %s",
+                       len(state.rows), state.target, state.stopped_by,
                        state.last_failure)  # fmt: skip
     return state.rows
 
@@ -198,6 +259,7 @@ def _progress() -> Progress:
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]:.2f} groups/s"),
         TextColumn("mean score {task.fields[mean]:.3f}"),
+        TextColumn("{task.fields[rollouts]} rollouts"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
     )

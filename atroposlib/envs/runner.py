@@ -17,7 +17,12 @@ from atroposlib.envs.config import EvalHandlingEnum
 from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.spool import Spool
 from atroposlib.envs.storage import free_path
-from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError, ConfigError
+from atroposlib.errors import (
+    BrokerRejectedError,
+    BrokerUnavailableError,
+    ConfigError,
+    InferenceEngineDeadError,
+)
 from atroposlib.protocol import EnvRegistration, EnvStatusResponse
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ class EnvRunner:
         self.submitted_at_status = 0
         self.acked_during_status = 0
         self.eval_task: asyncio.Task[None] | None = None
+        self.fatal: InferenceEngineDeadError | None = None
+        """Set by a rollout that found no live inference engine: the loop stops with it."""
         self.group_file: IO[bytes] | None = None
         if env.config.data_path_to_save_groups:
             path = free_path(Path(env.config.data_path_to_save_groups))
@@ -145,6 +152,8 @@ class EnvRunner:
 
     async def _loop(self) -> None:
         while True:
+            if self.fatal is not None:
+                raise self.fatal
             status = await self._refresh_status()
             if status is not None:
                 self.env.status_dict = status.model_dump()
@@ -245,6 +254,8 @@ class EnvRunner:
         try:
             for group in await self.env.run_item(item):
                 self.submit(group, policy_version)
+        except InferenceEngineDeadError as exc:
+            self.fatal = exc
         finally:
             self.rollouts.pop(key, None)
 

@@ -42,6 +42,7 @@ class ServedEnv(Protocol):
     items_sent_this_step: int
     groups_submitted: int
     last_failure: str | None
+    last_rollout_raised: bool
     status_dict: dict[str, Any]
 
     def __init__(

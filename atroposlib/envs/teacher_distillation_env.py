@@ -9,7 +9,9 @@ teacher's other top-k tokens, with the teacher's logprobs. Position 0 has none. 
 must share the student's tokenizer (token ids are passed as they are).
 
 Teacher servers come from ``teacher_config_init()``, ``--teacher.<field>`` flags or a
-``teacher:`` YAML key, in every command (Atropos wired them for ``serve`` only).
+``teacher:`` YAML key, in every command (Atropos wired them for ``serve`` only), or
+``teacher_server_configs=`` when the env is built in code; the tokenizers are compared when
+the env is built.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup, Trajectories
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ServerBaseline,
@@ -47,11 +50,17 @@ __all__ = [
     "ServerBaseline",
     "ServerManager",
     "ServerManagerConfig",
+    "TeacherConfigError",
     "TeacherDistillationConfig",
     "TeacherDistillationEnv",
+    "resolve_openai_configs",
 ]
 
 TeacherConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
+
+
+class TeacherConfigError(ConfigError, ValueError):
+    """Teacher settings that cannot work (a ValueError too, as Atropos raised)."""
 
 
 class TeacherDistillationConfig(BaseEnvConfig):
@@ -77,6 +86,39 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         """Default teacher server(s); ``--teacher.*`` flags and ``teacher:`` YAML override."""
         return None
 
+    @classmethod
+    def _resolve_teacher_server_configs(
+        cls,
+        default_teacher_server_configs: TeacherConfigs | None,
+        yaml_config: Mapping[str, Any],
+        cli_passed_flags: Mapping[str, Any],
+    ) -> TeacherConfigs | None:
+        """The teacher servers from the ``teacher`` namespace (YAML key and ``teacher.*``
+        flags) over ``default_teacher_server_configs``, resolved like the ``openai`` ones;
+        None when none of the three names a teacher."""
+        prefix = f"{cls.teacher_namespace}{NAMESPACE_SEP}"
+        flags = {k.removeprefix(prefix): v for k, v in cli_passed_flags.items()
+                 if k.startswith(prefix)}  # fmt: skip
+        from_yaml = yaml_config.get(cls.teacher_namespace) or {}
+        default = default_teacher_server_configs
+        if default is None and not flags and not from_yaml:
+            return None
+        if default is None or (type(default) is ServerBaseline and (flags or from_yaml)):
+            default = APIServerConfig(**default.model_dump()) if default else APIServerConfig()
+        single = default[0] if isinstance(default, list) and len(default) == 1 else default
+        if isinstance(from_yaml, list) and len(from_yaml) == 1:
+            from_yaml = from_yaml[0]
+        merged: dict[str, Any] = {}
+        if isinstance(single, APIServerConfig) and isinstance(from_yaml, Mapping):
+            merged = {**single.model_dump(), **from_yaml, **flags}
+        return resolve_openai_configs(
+            default_server_configs=default,
+            openai_config_dict=merged,
+            yaml_config={OPENAI_NAMESPACE: from_yaml},
+            cli_passed_flags={f"{OPENAI_NAMESPACE}{NAMESPACE_SEP}{k}": v for k, v in flags.items()},
+            logger=logger,
+        )
+
     def __init__(
         self,
         config: TeacherDistillationConfig,
@@ -87,31 +129,45 @@ class TeacherDistillationEnv(BaseEnv, ABC):
     ) -> None:
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
         self.teacher_server: ServerManager | None = None
-        self._teacher_checked = False
         if not config.teacher_enabled:
             return
         if teacher_server_configs is None:
-            raise ConfigError(
-                "teacher_enabled is set but no teacher server is configured; pass "
-                "--teacher.base_url (and --teacher.server_type) or a teacher: YAML key"
+            raise TeacherConfigError(
+                "teacher_enabled is set but no teacher server configuration was provided; "
+                "pass --teacher.base_url (and --teacher.server_type), a teacher: YAML key, "
+                "or teacher_server_configs=... when building the env in code"
             )
         if isinstance(teacher_server_configs, APIServerConfig):
             teacher_server_configs = [teacher_server_configs]
         self.teacher_server = ServerManager(teacher_server_configs)
-        self.teacher_tokenizer_name = tokenizer_name_of(self.teacher_server.servers[0].config)
+        first = teacher_server_configs
+        if isinstance(first, list):
+            first = first[0]
+        self.teacher_tokenizer_name = tokenizer_name_of(first)
+        self._validate_teacher_tokenizer_compatibility(self.teacher_tokenizer_name)
 
-    async def setup_teacher(self) -> None:
-        """Check the teacher shares the student's vocabulary (same-tokenizer distillation)."""
-        if self.teacher_server is None or self.teacher_tokenizer_name in (
-            self.config.tokenizer_name, getattr(self.tokenizer, "name_or_path", None)
-        ):  # fmt: skip
+    def _validate_teacher_tokenizer_compatibility(self, teacher_tokenizer_name: str) -> None:
+        """Same-tokenizer distillation only: the teacher reads the student's token ids as they
+        are, so both tokenizers must have one vocabulary (compared unless the names match)."""
+        student = self.tokenizer
+        student_name = getattr(student, "name_or_path", None) or type(student).__name__
+        if student_name == teacher_tokenizer_name:
             return
-        teacher_vocab = self.teacher_server.servers[0].tokenizer.get_vocab()
-        if teacher_vocab != self.tokenizer.get_vocab():
-            raise ConfigError(
-                f"the teacher's tokenizer {self.teacher_tokenizer_name!r} differs from the "
-                f"student's {self.config.tokenizer_name!r}: only same-tokenizer distillation "
-                "is supported"
+        from transformers import AutoTokenizer
+
+        try:
+            teacher = AutoTokenizer.from_pretrained(teacher_tokenizer_name)
+        except (OSError, ValueError) as exc:
+            raise TeacherConfigError(
+                "Cross-tokenizer distillation is not supported, and the teacher's tokenizer "
+                f"{teacher_tokenizer_name!r} could not be loaded to compare it with the "
+                f"student's: {exc}"
+            ) from exc
+        if teacher.get_vocab() != student.get_vocab():
+            raise TeacherConfigError(
+                "Cross-tokenizer distillation is not supported: the teacher's tokenizer "
+                f"{teacher_tokenizer_name!r} and the student's {student_name!r} have different "
+                "vocabularies; serve a teacher that uses the student's tokenizer"
             )
 
     async def _fetch_teacher_for_sequence(
@@ -133,9 +189,6 @@ class TeacherDistillationEnv(BaseEnv, ABC):
             return group
         overrides = group.get("group_overrides") or {}
         top_k = int(overrides.get("teacher_top_k", getattr(self.config, "teacher_top_k", 0)))
-        if not self._teacher_checked:
-            await self.setup_teacher()
-            self._teacher_checked = True
         group["distill_token_ids"] = group["distill_logprobs"] = None
         if not group.get("tokens") or overrides.get("skip_teacher_top_k") or top_k <= -1:
             return group

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atroposlib.launcher import Component
+from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.settings import LocalRunSettings
 
 
@@ -19,6 +20,8 @@ class RunLayout:
     model: str
     broker_port: int
     inference_port: int
+    version_path: str = "/health"
+    """The inference server's route answering ``{"weight_version": ...}``."""
 
     @property
     def broker_url(self) -> str:
@@ -60,15 +63,7 @@ def broker(layout: RunLayout) -> Component:
 
 
 def inference(layout: RunLayout, settings: LocalRunSettings) -> Component:
-    return Component(
-        "inference",
-        [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
-         "--port", str(layout.inference_port), "--served-model-name", "default",
-         "--threads", str(settings.threads),
-         "--max-batch-size", str(settings.group_size * 2)],
-        health_url=f"{layout.inference_url}/health",
-        startup_timeout_s=settings.startup_timeout_s,
-    )  # fmt: skip
+    return INFERENCE[settings.inference].component(layout, settings)
 
 
 def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
@@ -88,8 +83,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--keep-last-checkpoints", str(settings.keep_last_checkpoints),
          "--keep-last-weights", str(settings.keep_last_weights),
          "--checkpoint-optimizer-precision", settings.checkpoint_optimizer_precision,
-         "--weight-sync", "disk",
-         "--inference-urls", f'["{layout.inference_url}"]',
+         *INFERENCE[settings.inference].weight_sync_args(layout),
          "--metrics-file", str(layout.metrics_file),
          *(["--time-limit-s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior-logprobs", settings.behavior_logprobs,
@@ -104,6 +98,7 @@ def environment(layout: RunLayout, settings: LocalRunSettings, mode: str = "serv
         "--config", str(settings.env_config),
         "--openai.base_url", f"{layout.inference_url}/v1",
         "--openai.model_name", "default",
+        "--openai.server_type", INFERENCE[settings.inference].server_type,
         "--env.tokenizer_name", layout.model,
         "--env.max_token_length", str(settings.max_token_len),
     ]  # fmt: skip

@@ -76,7 +76,7 @@ class StatusPoller:
             status.queue_groups = broker.get("queue_size")
         if self.clock() - self._health_at >= self.health_interval_s:
             self._health_at = self.clock()
-            health = self._get_json(f"{self.layout.inference_url}/health")
+            health = self._get_json(self.layout.inference_url + self.layout.version_path)
             if health:
                 status.weight_version = health.get("weight_version")
         for row in self._new_metric_rows():
@@ -94,7 +94,11 @@ class StatusPoller:
             response = self.http.get(url)
         except httpx.TransportError:
             return None
-        return response.json() if response.status_code == 200 else None
+        try:
+            data = response.json() if response.status_code == 200 else None
+        except ValueError:  # vLLM's /health answers an empty body
+            return None
+        return data if isinstance(data, dict) else None
 
     def _new_metric_rows(self) -> list[dict[str, Any]]:
         path: Path = self.layout.metrics_file

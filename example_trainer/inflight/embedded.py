@@ -11,16 +11,15 @@ before the pause, which covers only the swap.
 from __future__ import annotations
 
 import logging
-from multiprocessing import shared_memory
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from safetensors.torch import save as safetensors_bytes
-from torch import Tensor
 
-from atroposlib.inference.weight_transfer import DTYPES, checksums, dtype_name
+from atroposlib.inference.weight_transfer import DTYPES, checksums
 from example_trainer.inflight.driver import VllmRoutes
 from example_trainer.inflight.fleet import Fleet, SyncFailure
+from example_trainer.inflight.shm import SharedBlock
 from example_trainer.inflight.tensors import PushedWeights, chunks
 
 logger = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ class EmbeddedEngine(VllmRoutes):
         self.transport, self.chunk_bytes, self.checksum = transport, chunk_bytes, checksum
         self.dtype: torch.dtype = torch.float32
         self._sent: dict[str, str] = {}
-        self._shm = _SharedBlock()
+        self._shm = SharedBlock()
 
     def connect(self, fleet: Fleet) -> None:
         init = {"init_info": {"transport": self.transport}}
@@ -77,40 +76,3 @@ class EmbeddedEngine(VllmRoutes):
 
     def close(self) -> None:
         self._shm.release()
-
-
-class _SharedBlock:
-    """One POSIX shared-memory block reused for every chunk of every push (grown when a chunk
-    needs more): a fresh block per chunk spends most of a push faulting its pages in."""
-
-    def __init__(self) -> None:
-        self._block: shared_memory.SharedMemory | None = None
-
-    def pack(self, chunk: dict[str, Tensor]) -> dict[str, Any]:
-        """The chunk copied back to back into the block; the ``update_info`` naming it."""
-        sizes = [t.numel() * t.element_size() for t in chunk.values()]
-        block = self._fit(max(1, sum(sizes)))
-        offset = 0
-        for tensor, size in zip(chunk.values(), sizes, strict=True):
-            target = torch.frombuffer(block.buf, dtype=torch.uint8, count=size, offset=offset)
-            target.copy_(tensor.view(-1).view(torch.uint8))
-            del target  # the block cannot close while a tensor points into it
-            offset += size
-        return {
-            "names": list(chunk),
-            "dtype_names": [dtype_name(t.dtype) for t in chunk.values()],
-            "shapes": [list(t.shape) for t in chunk.values()],
-            "shm_name": block.name,
-        }
-
-    def _fit(self, size: int) -> shared_memory.SharedMemory:
-        if self._block is None or self._block.size < size:
-            self.release()
-            self._block = shared_memory.SharedMemory(create=True, size=size)
-        return self._block
-
-    def release(self) -> None:
-        if self._block is not None:
-            self._block.close()
-            self._block.unlink()
-            self._block = None

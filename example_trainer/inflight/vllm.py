@@ -8,6 +8,11 @@ Backends, as the installed vLLM offers them (``weight_sync_transport``):
   buffers (``weight_sync_chunk_mb``);
 - ``ipc``: CUDA IPC handles, trainer and server on one GPU (``{"backend": "ipc"}``, and
   ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` on the server for handles sent over HTTP);
+- ``shm``: our engine (:mod:`atroposlib.vllm_plugin`, servers started with
+  ``--weight-transfer-config '{"backend": "shm"}'``), for vLLM's CPU build: each chunk is
+  written into a POSIX shared-memory block on the server's machine and every worker copies it
+  out; the workers stage the whole update and install it at ``/finish_weight_update``, so the
+  chunks travel before the pause, which covers only the swap;
 - ``disk``: no transfer engine: the trainer writes a folder and every server reloads it in
   place (``/collective_rpc`` ``reload_weights``), then takes the version label
   (``/update_weight_version``). Works wherever vLLM runs, CPU builds included.
@@ -21,23 +26,23 @@ so they are not compared with the trainer's).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from example_trainer.inflight.driver import VllmRoutes
-from example_trainer.inflight.fleet import Fleet
-from example_trainer.inflight.tensors import PushedWeights
+from example_trainer.inflight.fleet import Fleet, SyncFailure
+from example_trainer.inflight.shm import SharedBlock
+from example_trainer.inflight.tensors import PushedWeights, chunks
 
 logger = logging.getLogger(__name__)
 
-Backend = Literal["nccl", "ipc", "disk"]
+Backend = Literal["nccl", "ipc", "shm", "disk"]
 
 
 class VllmEngine(VllmRoutes):
     """``weight_sync: vllm``."""
-
-    stages_before_pause = False  # vLLM writes the chunks into the served weights
 
     def __init__(
         self,
@@ -50,6 +55,10 @@ class VllmEngine(VllmRoutes):
         transfer_factory: Any = None,
     ) -> None:
         self.backend, self.chunk_bytes, self.dtype = backend, chunk_bytes, dtype
+        # vLLM's own engines write the chunks into the served weights (pause first); ours
+        # stages them beside the served weights until the finish
+        self.stages_before_pause = backend == "shm"
+        self._shm = SharedBlock()
         self.master_address, self.master_port = master_address, master_port
         self._factory = transfer_factory  # injected in tests; vLLM's trainer factory otherwise
         self._transfer: Any = None
@@ -58,6 +67,9 @@ class VllmEngine(VllmRoutes):
         self.cache_resets_refused = 0
 
     def connect(self, fleet: Fleet) -> None:
+        if self.backend == "shm":
+            fleet.post_all("/init_weight_transfer_engine", json={"init_info": {}})
+            return
         if self.backend == "disk" or self._transfer is not None:
             return  # a transfer engine, once set up, is kept across failed pushes
         from example_trainer.inflight.vllm_client import CurrentWeights, FleetClient
@@ -98,15 +110,26 @@ class VllmEngine(VllmRoutes):
 
     def send(self, fleet: Fleet, weights: PushedWeights, version: str) -> None:
         if self.backend == "disk":
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights.folder())}}
+            folder = weights.folder()
+            missing = _not_a_checkpoint(folder)
+            if missing:  # vLLM-CPU would unload the served weights, then fail: its next step dies
+                raise SyncFailure(dict.fromkeys(fleet.urls, missing), final=True)
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
             fleet.post_all("/collective_rpc", json=rpc)
+            return
+        if self.backend == "shm":
+            fleet.post_all("/start_weight_update")
+            for chunk in chunks(weights.tensors(), self.chunk_bytes, self.dtype):
+                fleet.post_all("/update_weights", json={"update_info": self._shm.pack(chunk)})
             return
         self._source.current = weights.tensors
         self._client.version = version
         self._transfer.send_weights()  # start, update (chunked), finish with the version
 
     def finish(self, fleet: Fleet, version: str) -> None:
-        if self.backend == "disk":
+        if self.backend == "shm":
+            fleet.post_all("/finish_weight_update", json={"weight_version": version})
+        elif self.backend == "disk":
             fleet.post_all("/update_weight_version", json={"new_version": version})
 
     def after_swap(self, fleet: Fleet, recompute_kv: bool) -> None:
@@ -123,5 +146,15 @@ class VllmEngine(VllmRoutes):
         return None
 
     def close(self) -> None:
+        self._shm.release()
         if self._transfer is not None and hasattr(self._transfer, "shutdown"):
             self._transfer.shutdown()
+
+
+def _not_a_checkpoint(folder: Path) -> str | None:
+    """Why vLLM could not reload ``folder`` (None when it holds a config and safetensors)."""
+    if not (folder / "config.json").is_file():
+        return f"reload_weights: no checkpoint at {folder} (config.json missing)"
+    if not any(folder.glob("*.safetensors")):
+        return f"reload_weights: no *.safetensors files in {folder}"
+    return None

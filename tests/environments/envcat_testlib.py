@@ -302,6 +302,47 @@ async def roll_out(
         await env.server.close()
 
 
+ADAPTERS = ["verifiers_single_turn", "verifiers_multi_turn", "verifiers_tool_use", "openenv"]
+
+
+async def roll_out_adapter(
+    name: str,
+    base_url: str,
+    model_name: str,
+    model_path: Path,
+    tmp: Path,
+    server_type: str = "embedded",
+) -> list[dict[str, Any]]:
+    """One item of an adapter env (``docs/adapters.md``) in process against the server at
+    ``base_url``; the verifiers test envs are packages in ``tmp`` (the caller puts ``tmp`` on
+    ``PYTHONPATH`` for their tool server)."""
+    from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv
+    from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
+    from tests.envs.adapters_testlib import GUESS_SERVER, import_vf_env, write_vf_envs
+
+    write_vf_envs(tmp)
+    settings: dict[str, Any] = {
+        "tokenizer_name": str(model_path), "group_size": 2, "use_wandb": False,
+        "ensure_scores_are_not_same": False, "max_token_length": 512, "max_completion_tokens": 10,
+    }  # fmt: skip
+    openai = [APIServerConfig(base_url=base_url, model_name=model_name, server_type=server_type,
+                              api_key="x")]  # fmt: skip
+    env: VerifiersEnv | OpenEnvEnv
+    if name.startswith("verifiers"):
+        vf_env = {"verifiers_single_turn": "vf_sum", "verifiers_multi_turn": "vf_say",
+                  "verifiers_tool_use": "vf_add"}[name]  # fmt: skip
+        import_vf_env(tmp, vf_env)
+        env = VerifiersEnv(VerifiersEnvConfig(vf_env=vf_env, **settings), openai)
+    else:
+        command = f"{sys.executable} {GUESS_SERVER} --port {{port}}"
+        env = OpenEnvEnv(OpenEnvConfig(openenv_command=command, **settings), openai)
+    try:
+        await env.setup()
+        return await env.run_item(await env.get_next_item())
+    finally:
+        await env.close()
+
+
 def trainer_deltas(groups: list[dict[str, Any]], model: Any) -> tuple[float, dict[str, float]]:
     """Max |trainer - inference| logprob over trained tokens, and the loss's IS metrics."""
     cfg = load_config(["--model", "unused", "--batch-size", "64", "--max-token-len", "4096",

@@ -26,16 +26,18 @@ from typing import Any
 
 import pytest
 import torch
-from envcat_testlib import child_env, roll_out, trained_spans, trainer_deltas
+from envcat_testlib import (
+    ADAPTERS,
+    child_env,
+    roll_out,
+    roll_out_adapter,
+    trained_spans,
+    trainer_deltas,
+)
 
-from atroposlib.envs.adapters.openenv_env import OpenEnvConfig, OpenEnvEnv
-from atroposlib.envs.adapters.verifiers_env import VerifiersEnv, VerifiersEnvConfig
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.inference.sample_log import read_sample_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from adapters_testlib import GUESS_SERVER, import_vf_env, write_vf_envs
 from inference_helpers import SERVED_NAME, RunningServer, start_server, stop_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
@@ -46,6 +48,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "reasoning_gym": {},
     "letter_counting": {},
     "tool_calling": {},
+    "openai_agent": {"max_turns": 3},
     "tictactoe": {},
     "blackjack": {},
     "code_execution": {},
@@ -102,34 +105,6 @@ def assert_exactly_what_was_sampled(groups: list[dict[str, Any]], log: Path) -> 
     return checked
 
 
-async def roll_out_adapter(name: str, server: RunningServer, tmp: Path) -> list[dict[str, Any]]:
-    """One item of an adapter env (``docs/adapters.md``) in process against ``server``; the
-    verifiers test envs are packages in ``tmp`` (on ``PYTHONPATH`` for their tool server)."""
-    settings: dict[str, Any] = {
-        "tokenizer_name": str(server.model_path), "group_size": 2, "use_wandb": False,
-        "ensure_scores_are_not_same": False, "max_token_length": 512, "max_completion_tokens": 10,
-    }  # fmt: skip
-    openai = [APIServerConfig(base_url=f"{server.url}/v1", model_name=SERVED_NAME,
-                              server_type="embedded")]  # fmt: skip
-    env: VerifiersEnv | OpenEnvEnv
-    if name.startswith("verifiers"):
-        vf_env = {"verifiers_single_turn": "vf_sum", "verifiers_multi_turn": "vf_say",
-                  "verifiers_tool_use": "vf_add"}[name]  # fmt: skip
-        import_vf_env(tmp, vf_env)
-        env = VerifiersEnv(VerifiersEnvConfig(vf_env=vf_env, **settings), openai)
-    else:
-        command = f"{sys.executable} {GUESS_SERVER} --port {{port}}"
-        env = OpenEnvEnv(OpenEnvConfig(openenv_command=command, **settings), openai)
-    try:
-        await env.setup()
-        return await env.run_item(await env.get_next_item())
-    finally:
-        await env.close()
-
-
-ADAPTERS = ["verifiers_single_turn", "verifiers_multi_turn", "verifiers_tool_use", "openenv"]
-
-
 @pytest.mark.parametrize("name", [*ENVS, *ADAPTERS])
 async def test_env_trains_exactly_what_the_server_sampled(
     name: str,
@@ -140,14 +115,15 @@ async def test_env_trains_exactly_what_the_server_sampled(
 ) -> None:
     server, log = smol
     if name in ADAPTERS:
-        write_vf_envs(tmp_path)
         monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
-        groups = await roll_out_adapter(name, server, tmp_path)
+        groups = await roll_out_adapter(name, f"{server.url}/v1", SERVED_NAME, server.model_path,
+                                        tmp_path)  # fmt: skip
     else:
         url = f"{server.url}/v1"
         groups = await roll_out(name, url, SERVED_NAME, server.model_path, ENVS[name])
     assert groups, f"{name} produced no group"
-    assert assert_exactly_what_was_sampled(groups, log) >= 1
+    spans = assert_exactly_what_was_sampled(groups, log)
+    assert spans >= 1
     for group in groups:
         assert group["generation_params"]["temperature"] > 0
         assert len(group["finish_reasons"]) == len(group["tokens"])
@@ -155,8 +131,10 @@ async def test_env_trains_exactly_what_the_server_sampled(
     worst, metrics = trainer_deltas(groups, trainer_model)
     DELTAS[name] = worst
     is_weight = metrics["is_weight"] / metrics["rl_tokens"]
+    sequences = sum(len(group["tokens"]) for group in groups)
     print(f"\n{name}: max |trainer - inference logprob| = {worst:.2e}, "
-          f"mean IS ratio = {is_weight:.7f} over {int(metrics['rl_tokens'])} tokens")  # fmt: skip
+          f"mean IS ratio = {is_weight:.7f} over {int(metrics['rl_tokens'])} tokens "
+          f"({spans} sampled replies in {sequences} sequences)")  # fmt: skip
     report = os.environ.get("ATROPOS_TRUTH_REPORT")
     if report:
         with open(report, "a") as handle:

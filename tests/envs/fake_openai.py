@@ -2,9 +2,10 @@
 
 Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"`` (followed by
 ``--reply-words`` times ``" word"``). ``/generate`` answers in the SGLang shape (as many ids).
-``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500), ``hang`` (never answers),
+``POST /control {"mode": ...}`` switches to ``fail`` (HTTP 500), ``dead_engine`` (HTTP 500 with
+the body vLLM answers once its engine died; ``/health`` 503), ``hang`` (never answers),
 ``garbage`` (200 with a body that is not a completion), ``reject`` (404) or back to ``ok``;
-``GET /control`` returns the mode and request counts.
+``GET /control`` returns the mode, request counts and the last completion request's body.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-state: dict[str, Any] = {"mode": "ok", "requests": 0, "served": 0, "reply_words": 0}
+state: dict[str, Any] = {"mode": "ok", "requests": 0, "served": 0, "reply_words": 0,
+                         "last_body": None}  # fmt: skip
+# vLLM 0.32's answer to every request once its engine core died
+DEAD_ENGINE_BODY = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) "
+                              "for the root cause.", "type": "InternalServerError",
+                              "param": None, "code": 500}}  # fmt: skip
 app = FastAPI()
 
 
@@ -27,6 +33,8 @@ async def _misbehave() -> Any:
         return JSONResponse({"detail": "model 'x' is not served here"}, status_code=404)
     if state["mode"] == "fail":
         return JSONResponse({"error": "boom"}, status_code=500)
+    if state["mode"] == "dead_engine":
+        return JSONResponse(DEAD_ENGINE_BODY, status_code=500)
     if state["mode"] == "hang":
         await asyncio.sleep(3600)
     if state["mode"] == "garbage":
@@ -53,6 +61,11 @@ async def read_control() -> dict[str, Any]:
     return state
 
 
+@app.get("/health")
+async def health() -> Any:
+    return JSONResponse({}, status_code=503 if state["mode"] == "dead_engine" else 200)
+
+
 @app.get("/v1/models")
 async def models() -> dict[str, Any]:
     if state["mode"] in ("fail", "hang"):
@@ -63,6 +76,7 @@ async def models() -> dict[str, Any]:
 @app.post("/v1/chat/completions")
 async def chat(request: Request) -> Any:
     body = await request.json()
+    state["last_body"] = body
     if (bad := await _misbehave()) is not None:
         return bad
     choices = [
@@ -85,6 +99,7 @@ async def chat(request: Request) -> Any:
 @app.post("/v1/completions")
 async def completions(request: Request) -> Any:
     body = await request.json()
+    state["last_body"] = body
     if (bad := await _misbehave()) is not None:
         return bad
     choices: list[dict[str, Any]] = [

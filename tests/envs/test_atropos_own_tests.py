@@ -47,6 +47,45 @@ def test_the_report_reads_each_outcome_and_only_the_listed_exceptions_are_expect
     ]
 
 
+def test_files_whose_tests_skipped_for_want_of_vllm_are_rerun_and_their_rows_replaced() -> None:
+    def row(test: str, outcome: str = "passed", reason: str = "") -> dict[str, str]:
+        return {"test": test, "outcome": outcome, "reason": reason}
+
+    first = [
+        row("test_api_legacy.py::test_register"),
+        row("test_managed_server.py::test_plain"),
+        row("test_managed_server.py::test_tool_call_parsing_outbound", "skipped",
+            "vLLM not installed"),
+        row("test_vllm_api_server_generate.py::test_generate", "skipped",
+            "could not import 'vllm': No module named 'vllm'"),
+        row("test_x.py::test_gpu", "skipped", "need --run-gpu option to run"),
+    ]  # fmt: skip
+    files = runner.files_wanting_vllm(first)
+    assert files == ["test_managed_server.py", "test_vllm_api_server_generate.py"]
+    # without a vLLM pass, those skips are not counted against us; other skips still are
+    assert [r["test"] for r in runner.unexpected(first, vllm_ran=False)] == ["test_x.py::test_gpu"]
+    assert len(runner.unexpected(first, vllm_ran=True)) == 3
+
+    second = [
+        row("test_managed_server.py::test_plain"),
+        row("test_managed_server.py::test_tool_call_parsing_outbound"),
+        row("test_vllm_api_server_generate.py::test_generate", "failed", "assert 500 == 200"),
+    ]
+    merged = runner.merge_vllm_pass(first, second, files)
+    assert [(r["test"], r["outcome"], r.get("with")) for r in merged] == [
+        ("test_api_legacy.py::test_register", "passed", None),
+        ("test_managed_server.py::test_plain", "passed", "vllm"),
+        ("test_managed_server.py::test_tool_call_parsing_outbound", "passed", "vllm"),
+        ("test_vllm_api_server_generate.py::test_generate", "failed", "vllm"),
+        ("test_x.py::test_gpu", "skipped", None),
+    ]
+    lines = runner.table({"source": "atropos", "vllm": "vLLM 0.32.0", "tests": merged,
+                          "counts": runner.summary(merged)})  # fmt: skip
+    assert "The 3 tests marked *vLLM 0.32.0* are those of the 2 files" in lines[2]
+    assert "| `test_managed_server.py::test_plain` | passed (vLLM 0.32.0) |  |" in lines
+    assert "| `test_api_legacy.py::test_register` | passed |  |" in lines
+
+
 @pytest.mark.slow
 def test_atropos_0_4_0_http_tests_pass_except_the_two_deliberate_422s() -> None:
     """The wheel is downloaded at test time (a test dependency), never kept in the repo."""

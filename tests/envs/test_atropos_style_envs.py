@@ -1,11 +1,13 @@
 """Atropos-style environment files (``tests/envs/atropos_style/``) run ``process`` against the
 embedded inference server with the real small model: the reward registry, a dedicated
-server, the managed-server path with tools and a token-id stop, and teacher distillation."""
+server, the managed-server path with tools and a token-id stop, teacher distillation, a group
+whose messages are one flat conversation, and groups that form rarely or never."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,18 +26,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 ENVS = Path(__file__).parent / "atropos_style"
 
 
-def process(env_file: str, server: RunningServer, tmp: Path, *flags: str) -> list[dict[str, Any]]:
-    out = tmp / "groups.jsonl"
+def run_process(
+    env_file: str, server: RunningServer, tmp: Path, *flags: str
+) -> subprocess.CompletedProcess[str]:
     args = [
         sys.executable, str(ENVS / env_file), "process",
         f"--openai.base_url={server.url}/v1", f"--openai.model_name={server.name}",
         f"--env.tokenizer_name={server.model_path}", "--env.total_steps=1",
-        f"--env.data_path_to_save_groups={out}", *flags,
+        f"--env.data_path_to_save_groups={tmp / 'groups.jsonl'}", *flags,
     ]  # fmt: skip
-    done = subprocess.run(args, cwd=tmp, env=child_env(), capture_output=True, text=True,
+    return subprocess.run(args, cwd=tmp, env=child_env(), capture_output=True, text=True,
                           timeout=400)  # fmt: skip
+
+
+def process(env_file: str, server: RunningServer, tmp: Path, *flags: str) -> list[dict[str, Any]]:
+    done = run_process(env_file, server, tmp, *flags)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    return [json.loads(line) for line in (tmp / "groups.jsonl").read_text().splitlines()]
 
 
 def test_reward_registry_scores_the_rows(smol: RunningServer, tmp_path: Path) -> None:
@@ -91,3 +98,40 @@ def test_teacher_distillation_fills_distill_arrays(smol: RunningServer, tmp_path
             assert all(lp <= 0 and math.isfinite(lp) for lp in logprobs[position])
             if masks[position] != -100:  # the teacher is the student's own model here
                 assert logprobs[position][0] == pytest.approx(inference[position], abs=2e-3)
+
+
+def test_one_flat_conversation_becomes_each_sequences_messages(
+    smol: RunningServer, tmp_path: Path
+) -> None:
+    done = run_process("flat_messages_env.py", smol, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    prompt = [{"role": "system", "content": "Answer with one word."},
+              {"role": "user", "content": "Name a colour."}]  # fmt: skip
+    assert row["messages"] == [prompt, prompt] and len(row["tokens"]) == 2
+    assert "'messages' is one conversation for the whole group" in done.stderr
+
+
+def test_a_group_that_forms_on_the_40th_rollout_is_waited_for(
+    smol: RunningServer, tmp_path: Path
+) -> None:
+    done = run_process("rare_group_env.py", smol, tmp_path, "--env.group_on_rollout=40")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    assert row["scores"] == [0.0, 1.0]
+    tried = int(re.findall(r"\((\d+) rollouts\)", done.stderr)[-1])
+    assert 40 <= tried < 40 + 8  # 13 items given up on the way; 8 workers once groups fail
+
+
+def test_a_group_that_never_forms_stops_at_the_budget_naming_its_flag(
+    smol: RunningServer, tmp_path: Path
+) -> None:
+    done = run_process("rare_group_env.py", smol, tmp_path, "--env.group_on_rollout=-1",
+                       "--env.process_max_attempts_without_group=8")  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: process wrote no group: 8 rollouts in a row wrote no group "
+        "(--env.process_max_attempts_without_group 8; raise it to keep trying); 8 rollouts of 7 "
+        "items; last failure: collect_trajectories gave no group"
+    )
+    assert not (tmp_path / "groups.jsonl").exists()

@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "atroposlib.envs.groups",
+    "atroposlib.envs.optional_fields",
     "atroposlib.envs.stats",
     "atroposlib.envs.reward_fns.registry",
     "atroposlib.envs.reward_fns.reward_function",
@@ -25,13 +26,17 @@ MODULES = [
     "atroposlib.envs.adapters.chat",
     "atroposlib.envs.adapters.openenv_env",
     "atroposlib.envs.adapters.vf_client",
+    "atroposlib.api.utils",
+    "atroposlib.envs.server_handling.adaptive_semaphore",
     "atroposlib.envs.server_handling.circuit",
+    "atroposlib.envs.server_handling.reasoning",
     "atroposlib.envs.server_handling.slurm",
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
     "atroposlib.web",
     "atroposlib.utils.html_report",
+    "atroposlib.frontend.jsonl2html",
     "atroposlib.utils.cli",
 ]
 

@@ -1,8 +1,9 @@
-"""``process`` keeps going past failing items, skips malformed groups, writes Atropos's keys,
-and exits non-zero with one line when it could write nothing."""
+"""``process`` keeps going past failing items within its budget, skips malformed groups, writes
+Atropos's keys, and exits non-zero with one line when it could write nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -66,14 +67,19 @@ class ScriptedEnv(BaseEnv):
         return outcome, []
 
 
-def make_env(tmp_path: Path, plan: dict[int, list[Any]], items: int, total: int) -> ScriptedEnv:
+def make_env(
+    tmp_path: Path, plan: dict[int, list[Any]], items: int, total: int, **settings: Any
+) -> ScriptedEnv:
     config = BaseEnvConfig(
-        group_size=2,
-        total_steps=total,
-        use_wandb=False,
-        ensure_scores_are_not_same=False,
-        max_num_workers=2,
-        data_path_to_save_groups=str(tmp_path / "groups.jsonl"),
+        **{
+            "group_size": 2,
+            "total_steps": total,
+            "use_wandb": False,
+            "ensure_scores_are_not_same": False,
+            "max_num_workers": 2,
+            "data_path_to_save_groups": str(tmp_path / "groups.jsonl"),
+            **settings,
+        }
     )
     return ScriptedEnv(config, plan, items)
 
@@ -126,6 +132,100 @@ async def test_rows_carry_atropos_keys_with_nulls(tmp_path: Path) -> None:
     for row in rows(tmp_path):
         assert ATROPOS_KEYS <= set(row)
         assert row["ref_logprobs"] is None and row["distill_logprobs"] is None
+
+
+NO_GROUP = [None]
+
+
+async def test_a_rarely_forming_group_is_waited_for_past_many_given_up_items(
+    tmp_path: Path,
+) -> None:
+    plan = {key: NO_GROUP for key in range(60)}  # item 60 is the first to form a group
+    env = make_env(tmp_path, plan, items=1000, total=1, max_num_workers=1)
+    written = await modes.process(env)
+    assert len(written) == 1 and rows(tmp_path)[0]["tokens"] == good_group(600)["tokens"]
+    assert len(env.calls) == 60 * modes.ATTEMPTS_PER_ITEM + 1  # 181 rollouts, none wasted
+
+
+async def test_rollouts_that_give_no_group_widen_to_every_worker(tmp_path: Path) -> None:
+    class CountingEnv(ScriptedEnv):
+        running, peaks = 0, []
+
+        async def collect_trajectories(self, item: Any) -> tuple[Any, list[Any]]:
+            self.running += 1
+            self.peaks.append(self.running)
+            await asyncio.sleep(0.01)
+            self.running -= 1
+            return await super().collect_trajectories(item)
+
+    config = make_env(tmp_path, {}, items=1, total=1, max_num_workers=4).config
+    env = CountingEnv(config, {key: NO_GROUP for key in range(3)}, items=100)
+    assert len(await modes.process(env)) == 1
+    assert env.peaks[0] == 1 and max(env.peaks) == 4  # one while groups come, then all four
+
+
+async def test_the_rollout_budget_stops_process_with_the_flag_to_raise(tmp_path: Path) -> None:
+    env = make_env(tmp_path, {}, items=1000, total=3, process_max_attempts_without_group=7)
+    env.plan = {key: NO_GROUP for key in range(1000)}
+    with pytest.raises(modes.ProcessFailedError) as failed:
+        await modes.process(env)
+    assert len(env.calls) == 7  # batches of 2 never overshoot the budget
+    assert str(failed.value) == (
+        "process wrote no group: 7 rollouts in a row wrote no group "
+        "(--env.process_max_attempts_without_group 7; raise it to keep trying); "
+        "7 rollouts of 3 items; last failure: collect_trajectories gave no group"
+    )
+    assert not (tmp_path / "groups.jsonl").exists()
+
+
+async def test_a_written_group_renews_the_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = {0: NO_GROUP, 1: [None, "good"], 2: NO_GROUP, 3: NO_GROUP}
+    env = make_env(tmp_path, plan, items=4, total=3, max_num_workers=1,
+                   process_max_attempts_without_group=5)  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        written = await modes.process(env)
+    assert len(written) == 1
+    assert env.calls == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]  # 4 misses, a group, then 5 misses
+    assert "only 1 of 3 groups were written: 5 rollouts in a row wrote no group" in caplog.text
+
+
+async def test_the_minutes_budget_uses_the_clock(tmp_path: Path) -> None:
+    now = [0.0]
+
+    class SlowEnv(ScriptedEnv):
+        async def collect_trajectories(self, item: Any) -> tuple[Any, list[Any]]:
+            now[0] += 25.0  # each rollout takes 25 s
+            return await super().collect_trajectories(item)
+
+    config = make_env(tmp_path, {}, items=1, total=1).config.model_copy(
+        update={"process_max_minutes_without_group": 1.5, "max_num_workers": 1}
+    )
+    env = SlowEnv(config, {key: NO_GROUP for key in range(100)}, items=100)
+    with pytest.raises(modes.ProcessFailedError, match=r"1\.7 minutes without a written group "
+                       r"\(--env\.process_max_minutes_without_group 1\.5; raise it"):  # fmt: skip
+        await modes.process(env, clock=lambda: now[0])
+    assert len(env.calls) == 4  # 100 s > 90 s after the 4th
+
+
+async def test_an_env_that_raises_every_time_stops_early_whatever_the_budget(
+    tmp_path: Path,
+) -> None:
+    env = make_env(tmp_path, {}, items=1000, total=1, max_num_workers=1)
+    env.plan = {key: ["raise"] for key in range(1000)}
+    with pytest.raises(modes.ProcessFailedError, match="15 rollouts in a row raised an error"):
+        await modes.process(env)
+    assert len(env.calls) == modes.RAISED_IN_A_ROW
+
+
+@pytest.mark.parametrize("field", ["process_max_attempts_without_group",
+                                   "process_max_minutes_without_group"])  # fmt: skip
+@pytest.mark.parametrize("value", [0, -2])
+def test_a_budget_is_positive_or_minus_one(field: str, value: int) -> None:
+    with pytest.raises(ValueError, match="must be > 0, or -1 to never stop"):
+        BaseEnvConfig(**{field: value})
+    assert getattr(BaseEnvConfig(**{field: -1}), field) == -1
 
 
 ALWAYS_FAILS = """

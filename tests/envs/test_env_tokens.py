@@ -97,7 +97,8 @@ async def test_managed_mode_tracks_tokens_masks_and_logprobs_across_turns(
             await managed.chat_completion(messages=turn_two, n=1)
             nodes = managed.get_state()["nodes"]
             assert len(nodes) == 2, "node a was extended in place; node b is kept"
-            extended = nodes[-1]
+            extended, kept = nodes
+            assert kept == node_b
             assert extended.tokens[: len(node_a.tokens)] == node_a.tokens, "no re-tokenization"
             assert extended.masked_tokens[: len(node_a.tokens)] == node_a.masked_tokens
             new_prompt = len(extended.tokens) - len(node_a.tokens) - 3

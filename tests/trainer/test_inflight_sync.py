@@ -104,7 +104,8 @@ def test_the_trainer_cli_stops_with_one_line_naming_the_server(
     done = subprocess.run(command, env=subprocess_env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert f"weight sync of step 1 failed after 2 attempts: inference server {broker}" in last
+    # a 404 is a refusal: retrying cannot help, so the first attempt is the last
+    assert f"weight sync of step 1 failed after 1 attempt: inference server {broker}" in last
     assert "/init_weight_transfer_engine answered HTTP 404" in last
 
 
@@ -126,23 +127,39 @@ class Recorder:
         return [(p, q, b) for h, p, q, b in self.calls if h == host]
 
 
-def recorded_sync(engine: str, recorder: Recorder, **options: object) -> SyncReport:
+def recorded_sync(
+    engine: str,
+    recorder: Callable[[httpx.Request], httpx.Response],
+    folder: Path = Path("/ckpt/step-7"),
+    **options: object,
+) -> SyncReport:
     urls = ["http://s1", "http://s2"]
     fleet = Fleet(urls, http_client=httpx.Client(transport=httpx.MockTransport(recorder)))
-    sync = make_live_sync(engine, fleet, retries=0, **options)  # type: ignore[arg-type]
-    weights = PushedWeights(lambda: iter(WEIGHTS.items()), lambda: Path("/ckpt/step-7"))
-    return sync.push_live(weights, step=7)
+    sync = make_live_sync(engine, fleet, **{"retries": 0, **options})  # type: ignore[arg-type]
+    sync.backoff = 0.0
+    weights = PushedWeights(lambda: iter(WEIGHTS.items()), lambda: folder)
+    report = sync.push_live(weights, step=7)
+    sync.close()
+    return report
 
 
-def test_vllm_disk_backend_reloads_in_place_and_labels_the_version() -> None:
+def checkpoint(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_vllm_disk_backend_reloads_in_place_and_labels_the_version(tmp_path: Path) -> None:
     recorder = Recorder({"/weight_info": {"weight_version": "7"}})
-    report = recorded_sync("vllm", recorder, transport="disk", pause="wait")
+    folder = checkpoint(tmp_path / "step-7")
+    report = recorded_sync("vllm", recorder, folder, transport="disk", pause="wait")
     assert report.ok, report.failed
     for host in ("s1", "s2"):
         assert recorder.of(host) == [
             ("/pause", "mode=wait", None),
             ("/collective_rpc", "",
-             {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-7"}}),
+             {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}),
             ("/update_weight_version", "", {"new_version": "7"}),
             ("/reset_prefix_cache", "reset_running_requests=false", None),
             ("/resume", "", None),
@@ -214,3 +231,85 @@ def test_sglang_disk_keeps_requests_in_place_and_reads_the_version_back() -> Non
             ("/continue_generation", "", {}),
             ("/get_weight_version", "", None),
         ]  # fmt: skip
+
+
+def test_vllm_shm_backend_sends_the_chunks_before_the_pause_which_covers_only_the_swap() -> None:
+    recorder = Recorder({"/weight_info": {"weight_version": "7"}})
+    report = recorded_sync("vllm", recorder, transport="shm", pause="keep")
+    assert report.ok, report.failed
+    for host in ("s1", "s2"):
+        calls = recorder.of(host)
+        assert [path for path, _, _ in calls] == [
+            "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/pause",
+            "/finish_weight_update", "/reset_prefix_cache", "/resume", "/weight_info",
+        ]  # fmt: skip
+        info = calls[2][2]["update_info"]  # type: ignore[index]
+        assert (info["names"], info["dtype_names"], info["shapes"]) == (
+            ["w", "b"],
+            ["float32", "float32"],
+            [[2, 3], [3]],
+        )
+        assert calls[3][1] == "mode=keep" and calls[4][2] == {"weight_version": "7"}
+
+
+def vllm_refusing(path: str, message: str, calls: list[str]) -> Callable[..., httpx.Response]:
+    """vLLM's answer when a worker raised during ``path``: HTTP 500, its RPC wording."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == path:
+            wrapped = (
+                f"Call to collective_rpc method failed: Worker failed with error '{message}', "
+                "please check the stack trace above for the root cause"
+            )
+            error = {"message": wrapped, "type": "InternalServerError", "code": 500}
+            return httpx.Response(500, json={"error": error})
+        return httpx.Response(200, json={"weight_version": "6"})
+
+    return answer
+
+
+def test_a_tensor_the_vllm_worker_refuses_is_named_once_and_not_retried() -> None:
+    calls: list[str] = []
+    refusal = "model.norm.weight: shape [3] does not match the served [576]"
+    answer = vllm_refusing("/update_weights", refusal, calls)
+    report = recorded_sync("vllm", answer, transport="shm", retries=3)
+    assert report.retries == 0 and calls.count("/update_weights") == 2  # one per server
+    assert report.failed["http://s1"] == f"/update_weights answered HTTP 500: refused: {refusal}"
+    assert "/pause" not in calls  # refused while staging: nothing was paused
+
+
+def test_a_dead_vllm_engine_is_reported_not_retried() -> None:
+    calls: list[str] = []
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+        return httpx.Response(500, json={"error": {"message": message, "code": 500}})
+
+    report = recorded_sync("vllm", dead, transport="shm", retries=3)
+    assert report.retries == 0 and calls.count("/init_weight_transfer_engine") == 2
+    assert "EngineCore encountered an issue" in report.failed["http://s2"]
+
+
+def test_a_missing_checkpoint_is_refused_before_vllm_unloads_its_weights(tmp_path: Path) -> None:
+    calls: list[str] = []
+    answer = vllm_refusing("/never", "", calls)
+    report = recorded_sync("vllm", answer, tmp_path / "step-7", transport="disk", retries=3)
+    assert report.retries == 0 and "/collective_rpc" not in calls
+    assert calls.count("/resume") == 2  # the pause it was in is always lifted
+    why = f"reload_weights: no checkpoint at {tmp_path / 'step-7'} (config.json missing)"
+    assert report.failed == {"http://s1": why, "http://s2": why}
+
+
+def test_a_connection_the_server_closed_in_the_pool_is_replaced_once() -> None:
+    closed = {"s1": 1}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if closed.get(request.url.host, 0) > 0:
+            closed[request.url.host] -= 1
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, json={"weight_version": "7"})
+
+    report = recorded_sync("vllm", flaky, transport="shm")
+    assert report.ok and report.retries == 0, report.failed

@@ -89,14 +89,14 @@ class CircuitBreaker:
         ):
             self.trip()
 
-    def trip(self) -> None:
+    def trip(self, reason: str | None = None) -> None:
         """Take the server out of rotation for ``reset_after_s``."""
         if self.state is not CircuitState.OPEN:
             self.times_opened += 1
             logger.warning(
-                "inference server %s taken out of rotation after %d consecutive failures",
+                "inference server %s taken out of rotation: %s",
                 self.name,
-                self.consecutive_failures,
+                reason or f"{self.consecutive_failures} consecutive failures",
             )
         self.state = CircuitState.OPEN
         self.opened_at = self._clock()

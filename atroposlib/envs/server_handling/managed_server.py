@@ -16,10 +16,10 @@ from typing import Any
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from atroposlib.envs.hermes import parse_tool_calls, tool_calls_as_text
 from atroposlib.envs.server_handling import managed
 from atroposlib.envs.server_handling.managed import SequenceNode
 from atroposlib.envs.server_handling.server_baseline import APIServer
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import ConfigError
 
 __all__ = [
@@ -31,41 +31,46 @@ __all__ = [
 ]
 
 ALLOW_DUMMY_VARIABLE = "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER"
-TOOL_PARSERS = ("hermes",)
 _THINK_OPEN, _THINK_CLOSE = "__MNGD_THINK__", "__MNGD_ENDTHINK__"
 
 
 class ManagedServer(managed.ManagedServer):
-    """``managed.ManagedServer`` with Atropos 0.4's chat options (tools, think blocks)."""
+    """``managed.ManagedServer`` with Atropos 0.4's chat options (tools, think blocks).
+
+    ``tool_parser``: a ToolCallTranslator parser (``"hermes"``; any of vLLM's where vLLM
+    imports); chats with ``tools`` then return the reply's calls as ``tool_calls`` while the
+    node keeps the raw text, and earlier assistant ``tool_calls`` render as the text the
+    model wrote.
+    """
 
     def __init__(
         self,
-        manager: Any,
-        tokenizer: Any,
+        server: Any,
+        tokenizer: Any = None,
         tool_parser: str | None = None,
         preserve_think_blocks: bool = False,
     ) -> None:
-        super().__init__(manager, tokenizer)
-        if tool_parser is not None and tool_parser not in TOOL_PARSERS:
-            warnings.warn(
-                f"tool_parser {tool_parser!r} is not available (we have {list(TOOL_PARSERS)}); "
-                "tool calls are not parsed",
-                stacklevel=2,
-            )
-            tool_parser = None
+        super().__init__(server, tokenizer)
         self._tool_parser_name = tool_parser
+        self._translator: ToolCallTranslator | None = None
         self._preserve_think_blocks = preserve_think_blocks
 
-    @property
-    def current_nodes(self) -> list[SequenceNode]:
-        """Atropos's name for the tracked nodes."""
-        return self.nodes
+    def _get_translator(self) -> ToolCallTranslator | None:
+        """This conversation's translator (made on first use); None without a parser."""
+        if self._translator is None and self._tool_parser_name is not None:
+            try:
+                self._translator = ToolCallTranslator(self.tokenizer, self._tool_parser_name)
+            except ConfigError as exc:
+                warnings.warn(f"{exc}; tool calls are not parsed", stacklevel=3)
+                self._tool_parser_name = None
+        return self._translator
 
     def render_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
         """The chat template's prompt; a generation prompt unless the last turn is the
         assistant's own (then it is continued)."""
-        if tools and self._tool_parser_name:
-            messages = [tool_calls_as_text(m) for m in messages]
+        translator = self._get_translator() if tools else None
+        if translator is not None:
+            messages = translator.convert_messages_for_template(messages)
         if not self._preserve_think_blocks:
             messages = [_protect_think(m) for m in messages]
         options: dict[str, Any] = {"tokenize": False}
@@ -74,6 +79,9 @@ class ManagedServer(managed.ManagedServer):
             options["tools"] = tools
         prompt = str(self.tokenizer.apply_chat_template(messages, **options))
         return prompt.replace(_THINK_OPEN, "<think>").replace(_THINK_CLOSE, "</think>")
+
+    _convert_messages_to_prompt = render_prompt
+    """Atropos's name."""
 
     async def chat_completion(
         self,
@@ -85,32 +93,40 @@ class ManagedServer(managed.ManagedServer):
         **sampling: Any,
     ) -> ChatCompletion:
         prompt = self.render_prompt(messages, tools)
-        sequences = await self._extend(prompt, n, sampling)
-        parse = bool(tools) and self._tool_parser_name is not None and tool_choice != "none"
+        sampled = await self._sample(prompt, n, sampling, add_special_tokens=False)
+        translator = self._get_translator() if tools and tool_choice != "none" else None
         choices = []
-        for index, (node, (text, reason)) in enumerate(
-            zip(self.nodes[-len(sequences) :], sequences, strict=True)
-        ):
+        for index, (node, output_ids) in enumerate(sampled):
+            text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            finish = managed._openai_reason(reason)
-            if parse:
-                content, calls = parse_tool_calls(node.full_text[len(prompt) :])
+            finish = managed.openai_reason(node)
+            if translator is not None:
+                raw = node.full_text[len(prompt) :]
+                content, calls, parsed_finish = translator.parse_model_output(
+                    raw, tool_choice or "auto", tools
+                )
                 if calls:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
-                    finish = "tool_calls"
+                    finish = parsed_finish
             choices.append({"index": index, "message": message, "finish_reason": finish})
-        return ChatCompletion.model_validate(managed._envelope("chat.completion", choices))
+        return ChatCompletion.model_validate(
+            managed.envelope("chat.completion", self.model_name, choices)
+        )
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
-        """Prompt logprobs of ``input_ids``, ``prompt`` or ``messages`` (see APIServer)."""
+        """Prompt logprobs of ``input_ids``, ``prompt`` (the server tokenizes it) or
+        ``messages`` (rendered by the template, sent as ids with the prompt); see APIServer."""
+        backend = getattr(self.server, "get_logprobs", None)
+        if backend is None:
+            raise NotImplementedError(
+                f"{type(self.server).__name__} does not implement get_logprobs "
+                "(prompt logprobs need server_type vllm, sglang or embedded)"
+            )
         messages = kwargs.pop("messages", None)
         if messages is not None:
             kwargs["prompt"] = self.render_prompt(messages)
-        if "input_ids" not in kwargs and "prompt" in kwargs:
-            kwargs["input_ids"] = list(
-                self.tokenizer.encode(kwargs.pop("prompt"), add_special_tokens=False)
-            )
-        result: dict[str, Any] = await self.manager.get_logprobs(**kwargs)
+            kwargs.setdefault("input_ids", self._encode(kwargs["prompt"], False))
+        result: dict[str, Any] = await backend(**kwargs)
         return result
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from openai.types import Completion
@@ -19,7 +21,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ServerBaseline,
 )
-from atroposlib.errors import InferenceError
+from atroposlib.errors import ConfigError, InferenceError
 
 __all__ = [
     "NAMESPACE_SEP",
@@ -29,7 +31,10 @@ __all__ = [
     "ReasoningConfig",
     "ServerBaseline",
     "request_body",
+    "resolve_openai_configs",
 ]
+
+ServerConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
 
 _LOCAL_KWARGS = ("split",)
 
@@ -75,3 +80,53 @@ class OpenAIServer(APIServer):
             return model.model_validate(data)
         except ValidationError as exc:
             raise InferenceError(f"{url}: unreadable answer: {exc}") from exc
+
+
+def resolve_openai_configs(
+    default_server_configs: ServerConfigs | None,
+    openai_config_dict: Mapping[str, Any],
+    yaml_config: Mapping[str, Any],
+    cli_passed_flags: Mapping[str, Any],
+    logger: logging.Logger | None = None,
+) -> ServerConfigs:
+    """The inference servers of a run from its layered settings (Atropos 0.4's helper).
+
+    ``openai_config_dict`` is one server's settings already merged (default < YAML < CLI);
+    ``yaml_config["openai"]`` and the ``openai.<field>`` keys of ``cli_passed_flags`` are the
+    raw layers. Two or more servers in YAML, or in the default list, stay a list (the CLI
+    flags then apply to each); a bare ``ServerBaseline`` (servers found by SLURM or on local
+    ports) stays as it is; otherwise the merged settings make the one server: an
+    ``APIServerConfig`` when the default was one, else a list of it. Unusable settings:
+    ConfigError naming the field.
+    """
+    log = logger or logging.getLogger(__name__)
+    prefix = f"{OPENAI_NAMESPACE}{NAMESPACE_SEP}"
+    flags = {k.removeprefix(prefix): v for k, v in cli_passed_flags.items() if k.startswith(prefix)}
+    listed = yaml_config.get(OPENAI_NAMESPACE)
+    if isinstance(listed, list) and len(listed) >= 2:
+        log.info("inference: %d servers from the YAML key %r", len(listed), OPENAI_NAMESPACE)
+        return [_server_config(server, f"{OPENAI_NAMESPACE}[{i}]", flags)
+                for i, server in enumerate(listed)]  # fmt: skip
+    if isinstance(default_server_configs, list) and len(default_server_configs) >= 2:
+        log.info("inference: the %d default servers", len(default_server_configs))
+        return [_server_config(server.model_dump(), f"{OPENAI_NAMESPACE}[{i}]", flags)
+                for i, server in enumerate(default_server_configs)]  # fmt: skip
+    if type(default_server_configs) is ServerBaseline:
+        log.info("inference: servers discovered at run time (ServerBaseline)")
+        return default_server_configs
+    server = _server_config(openai_config_dict, OPENAI_NAMESPACE)
+    log.info("inference: one server at %s", server.base_url or "the OpenAI API")
+    return server if isinstance(default_server_configs, APIServerConfig) else [server]
+
+
+def _server_config(
+    values: Any, where: str, overrides: Mapping[str, Any] | None = None
+) -> APIServerConfig:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping of server settings, got {values!r}")
+    try:
+        return APIServerConfig.model_validate({**values, **(overrides or {})})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"])
+        raise ConfigError(f"{where}.{field}: {error['msg']}") from None

@@ -24,6 +24,9 @@ class ReasoningConfig:
     {'reasoning_effort': 'medium'}
     >>> ReasoningConfig().build_extra_body() is None
     True
+    >>> ReasoningConfig(effort="extreme")
+    Traceback (most recent call last):
+    ValueError: Invalid reasoning_effort 'extreme': use one of ['high', 'low', ..., 'xhigh']
     """
 
     enabled: bool = False
@@ -33,7 +36,8 @@ class ReasoningConfig:
     def __post_init__(self) -> None:
         if self.effort is not None and self.effort not in VALID_REASONING_EFFORTS:
             raise ValueError(
-                f"reasoning_effort {self.effort!r} is not one of {sorted(VALID_REASONING_EFFORTS)}"
+                f"Invalid reasoning_effort {self.effort!r}: use one of "
+                f"{sorted(VALID_REASONING_EFFORTS)}"
             )
         if self.effort is not None or self.max_tokens is not None:
             self.enabled = True

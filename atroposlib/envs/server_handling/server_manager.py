@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
+from functools import cached_property
 from typing import Any, TypeVar
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.dedicated import DedicatedServer
-from atroposlib.envs.server_handling.harness import ServerHarness
 from atroposlib.envs.server_handling.managed_server import (
     DummyManagedServer,
     ManagedServer,
@@ -29,12 +31,16 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     GeneratedSequence,
     ServerBaseline,
+    TokenAnswer,
+    sample_tokens,
 )
+from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.sglang_server import EmbeddedServer, SGLangServer
 from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.errors import (
     ConfigError,
+    InferenceEngineDeadError,
     InferenceError,
     InferenceRejectedError,
     InferenceUnavailableError,
@@ -50,6 +56,8 @@ BACKENDS: dict[str, type[APIServer]] = {
     "sglang": SGLangServer,
     "embedded": EmbeddedServer,
 }
+OPTIONAL_BACKENDS = {"trl": "atroposlib.envs.server_handling.trl_vllm_server:TrlVllmServer"}
+"""Backends whose dependencies are optional: imported when a config names them."""
 
 __all__ = [
     "APIServer",
@@ -72,15 +80,30 @@ class ServerManagerConfig(BaseModel):
 
 
 def backend_for(config: APIServerConfig) -> type[APIServer]:
+    if config.server_type in OPTIONAL_BACKENDS:
+        module, _, name = OPTIONAL_BACKENDS[config.server_type].partition(":")
+        try:
+            backend: type[APIServer] = getattr(importlib.import_module(module), name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"server_type {config.server_type!r} needs {exc.name}: "
+                'pip install "atroposlib[atropos-compat]"'
+            ) from exc
+        return backend
     if config.server_type not in BACKENDS:
+        choices = sorted([*BACKENDS, *OPTIONAL_BACKENDS])
         raise ConfigError(
-            f"server_type {config.server_type!r} is not supported; use one of {sorted(BACKENDS)}"
+            f"server_type {config.server_type!r} is not supported; use one of {choices}"
         )
     return BACKENDS[config.server_type]
 
 
 class ServerManager:
     """Routes each request to the healthy server with the most free slots; retries elsewhere."""
+
+    # The ServerBaseline defaults, for a manager whose servers were set by hand.
+    max_retries: int = ServerBaseline.model_fields["max_retries"].default
+    retry_backoff_s: float = ServerBaseline.model_fields["retry_backoff_s"].default
 
     def __init__(
         self,
@@ -100,8 +123,10 @@ class ServerManager:
             self.servers: list[APIServer] = [ServerHarness()]
         else:
             resolved = resolve_server_configs(configs, slurm=slurm)
-            if server_class is not None and inspect.isabstract(server_class):
-                server_class = None  # Atropos envs name the abstract APIServer: pick by type
+            if server_class is APIServer or (
+                server_class is not None and inspect.isabstract(server_class)
+            ):
+                server_class = None  # Atropos envs name the base APIServer: pick by type
             self.servers = [
                 (server_class or backend_for(c))(c, reasoning_config=reasoning_config)
                 for c in resolved
@@ -109,15 +134,25 @@ class ServerManager:
         first = self.servers[0].config
         self.max_retries = first.max_retries
         self.retry_backoff_s = first.retry_backoff_s
-        self._slot_freed = asyncio.Event()
-        self._probes: set[asyncio.Task[None]] = set()
+
+    @cached_property
+    def _slot_freed(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    @cached_property
+    def _probes(self) -> set[asyncio.Task[None]]:
+        return set()
 
     # ---- routing ------------------------------------------------------------------------
 
     def _usable(self, server: APIServer, split: str) -> bool:
-        breaker = server.breaker
+        if engine_dead(server) is not None:
+            return False
+        breaker = getattr(server, "breaker", None)
+        if breaker is None:  # a server of Atropos's shape: its own health flag and semaphores
+            return bool(server.server_healthy) and free_slots(server, split) > 0
         if breaker.state is CircuitState.CLOSED:
-            return server.free_slots(split) > 0
+            return free_slots(server, split) > 0
         if not breaker.allows_request():
             return False
         if server.config.health_check:
@@ -126,7 +161,7 @@ class ServerManager:
             self._probes.add(probe)
             probe.add_done_callback(self._probes.discard)
             return False
-        return server.free_slots(split) > 0
+        return free_slots(server, split) > 0
 
     async def _probe(self, server: APIServer) -> None:
         if await server.health_check():
@@ -135,13 +170,22 @@ class ServerManager:
             server.breaker.trip()
         self._slot_freed.set()
 
+    @property
+    def dead_reason(self) -> str | None:
+        """Why no server can sample any more (every engine is dead), else None."""
+        if self.servers and all(engine_dead(s) is not None for s in self.servers):
+            return "; ".join(str(engine_dead(s)) for s in self.servers)
+        return None
+
     async def _acquire(self, split: str, servers: Sequence[APIServer]) -> APIServer:
         while True:
+            if all(engine_dead(s) is not None for s in servers):
+                raise InferenceEngineDeadError("; ".join(str(engine_dead(s)) for s in servers))
             usable = [s for s in servers if self._usable(s, split)]
             if usable:
-                most_free = max(s.free_slots(split) for s in usable)
-                return random.choice([s for s in usable if s.free_slots(split) == most_free])
-            waits = [s.breaker.seconds_until_retry() for s in servers]
+                most_free = max(free_slots(s, split) for s in usable)
+                return random.choice([s for s in usable if free_slots(s, split) == most_free])
+            waits = [s.breaker.seconds_until_retry() for s in servers if hasattr(s, "breaker")]
             timeout = max(0.01, min([w for w in waits if w > 0] or [0.5]))
             self._slot_freed.clear()
             with suppress(TimeoutError):
@@ -167,6 +211,8 @@ class ServerManager:
                 return await op(server)
             except InferenceRejectedError:
                 raise
+            except InferenceEngineDeadError:
+                continue  # another server, if one is alive (_acquire raises when none is)
             except InferenceError as exc:
                 attempt += 1
                 if attempt > self.max_retries:
@@ -230,29 +276,27 @@ class ServerManager:
         results = await asyncio.gather(*(self._call(split, op(c), pool) for c in self._chunks(n)))
         return [sequence for chunk in results for sequence in chunk]
 
-    async def tokens_and_logprobs_completion(
-        self, **kwargs: Any
-    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
-        """Atropos 0.4's token call on a server that returns token ids (see APIServer)."""
-        split = "eval" if kwargs.pop("split", "train") != "train" else "train"
-        pool = self._token_servers()
-        return await self._call(split, lambda s: s.tokens_and_logprobs_completion(**kwargs), pool)
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
+        """Atropos 0.4's token call on servers that return token ids, ``n`` split like
+        ``generate`` (see APIServer)."""
+        return await sample_tokens(
+            self.generate, lambda: self._token_servers()[0].tokenizer, kwargs
+        )
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs (top-k) of ``input_ids`` or ``prompt``; see APIServer.get_logprobs."""
         split = "eval" if kwargs.pop("split", "train") != "train" else "train"
-        return await self._call(split, lambda server: server.get_logprobs(**kwargs))
+        return await self._call(split, lambda server: server.get_logprobs(**kwargs, split=split))
 
     @asynccontextmanager
     async def dedicated_server(self) -> AsyncIterator[DedicatedServer]:
         """Pin the least-loaded healthy server for the length of the block (one slot held)."""
         server = await self._acquire("train", self.servers)
-        server.in_flight["train"] += 1
-        try:
-            yield DedicatedServer(self, server)
-        finally:
-            server.in_flight["train"] -= 1
-            self._slot_freed.set()
+        async with server.sem:
+            try:
+                yield DedicatedServer(self, server)
+            finally:
+                self._slot_freed.set()
 
     @asynccontextmanager
     async def managed_server(
@@ -332,8 +376,24 @@ class _Pinned:
             split, lambda server: server.generate(input_ids, n, sampling), self.servers
         )
 
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
+        return await sample_tokens(self.generate, lambda: self.servers[0].tokenizer, kwargs)
+
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         return await self.manager.get_logprobs(**kwargs)
+
+
+def engine_dead(server: APIServer) -> str | None:
+    """Why the server's engine counts as dead; None for a live one or a server of Atropos's
+    shape (set by hand, no ``dead`` attribute)."""
+    return getattr(server, "dead", None)
+
+
+def free_slots(server: APIServer, split: str) -> int:
+    """Request slots a server can take now: its semaphore for the split (``sem`` for
+    training, ``eval_sem`` for evaluation), whatever class the server is."""
+    semaphore: AsyncSemWithAdaptiveWeight = server.eval_sem if split == "eval" else server.sem
+    return semaphore.free
 
 
 def merge_choices(responses: list[Any]) -> Any:
@@ -344,3 +404,13 @@ def merge_choices(responses: list[Any]) -> Any:
         choice.index = index
     merged.choices = choices
     return merged
+
+
+def __getattr__(name: str) -> Any:
+    """Atropos's ``server_manager.TrlVllmServer``, imported on first use (optional
+    dependencies: transformers, aiohttp)."""
+    if name == "TrlVllmServer":
+        from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+
+        return TrlVllmServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

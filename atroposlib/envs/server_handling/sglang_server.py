@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.openai_server import OpenAIServer, resolve_openai_configs
 from atroposlib.envs.server_handling.reasoning import split_stop
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -27,6 +27,7 @@ __all__ = [
     "SGLangServer",
     "parse_input_logprobs",
     "parse_sglang_output",
+    "resolve_openai_configs",
     "sglang_sampling_params",
 ]
 _SAMPLING_KEYS = {"max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens"}

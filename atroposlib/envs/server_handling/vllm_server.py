@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
 from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
-from atroposlib.envs.server_handling.openai_server import OpenAIServer, request_body
+from atroposlib.envs.server_handling.openai_server import (
+    OpenAIServer,
+    request_body,
+    resolve_openai_configs,
+)
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -24,8 +32,10 @@ __all__ = [
     "VLLMServer",
     "parse_prompt_logprobs",
     "parse_vllm_choice",
+    "resolve_openai_configs",
 ]
 _TOKEN_PREFIX = "token_id:"
+logger = logging.getLogger(__name__)
 
 
 def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> GeneratedSequence:
@@ -83,14 +93,42 @@ def parse_prompt_logprobs(entries: Any, input_ids: list[int]) -> list[list[tuple
 
 
 class VLLMServer(OpenAIServer):
-    """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned."""
+    """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned.
+
+    ``seed`` is never sent: vLLM's CPU build (0.32) kills its engine on a seeded request whose
+    prefill it chunks ("CPU Generator does not use offset"), and every later request then fails;
+    a client cannot tell a CPU build from a GPU one, so the seed is dropped with a warning.
+    """
 
     supports_token_ids = True
+    _warned_seed = False
+
+    def _without_seed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if kwargs.get("seed") is None and "seed" not in (kwargs.get("extra_body") or {}):
+            return kwargs
+        if not self._warned_seed:
+            self._warned_seed = True
+            logger.warning(
+                "seed not sent to vLLM at %s: a seeded request whose prefill vLLM chunks kills "
+                "the engine of its CPU build; sampling stays random",
+                self.base_url,
+            )
+        kept = {k: v for k, v in kwargs.items() if k != "seed"}
+        if isinstance(kept.get("extra_body"), dict):
+            kept["extra_body"] = {k: v for k, v in kept["extra_body"].items() if k != "seed"}
+        return kept
+
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        return await super().chat_completion(**self._without_seed(kwargs))
+
+    async def completion(self, **kwargs: Any) -> Completion:
+        return await super().completion(**self._without_seed(kwargs))
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
     ) -> list[GeneratedSequence]:
         split = str(sampling.get("split", "train"))
+        sampling = self._without_seed(sampling)
         kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
         if "max_new_tokens" in sampling:
             kwargs.setdefault("max_tokens", sampling["max_new_tokens"])

