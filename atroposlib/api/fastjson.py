@@ -79,7 +79,10 @@ def _group(item: Any) -> dict[str, Any]:
         raise _Fallback
     group: dict[str, Any] = {}
     for key in item:
-        value = item[key]
+        try:
+            value = item[key]
+        except KeyError as error:  # simdjson cannot look up a key holding an escaped NUL
+            raise _Fallback from error
         if key in PACKED_INT_FIELDS:
             group[key] = _int_rows(value)
         elif key in PACKED_FLOAT_FIELDS:

@@ -86,6 +86,7 @@ def test_list_bodies_decode_group_by_group() -> None:
         b"42",
         b"not json",
         b"",
+        b'{"a\\u0000": 1, "tokens": [[1]]}',  # a key simdjson cannot look up (found by fuzzing)
     ],
 )
 def test_anything_unusual_falls_back_to_the_ordinary_path(body: bytes) -> None:
@@ -130,3 +131,13 @@ async def test_json_posts_round_trip_on_both_route_paths(cors: bool) -> None:
         assert [row for g in batch["batch"] for row in g["tokens"]] == [
             [100, 7, 7, 7], [101, 7, 7, 7], [200, 7, 7, 7], [201, 7, 7, 7],
         ]  # fmt: skip
+
+
+async def test_a_key_with_an_escaped_nul_is_answered_never_a_500() -> None:
+    async with in_process() as client:
+        await client.post("/register", json=trainer_body(batch_size=2, max_token_len=32))
+        body = b'{"\\u0000~": 1, "tokens": [[1, 2]], "masks": [[1, 2]], "scores": [1.0]}'
+        answer = await client.post(
+            "/scored_data", content=body, headers={"content-type": "application/json"}
+        )
+        assert answer.status_code in (200, 422), answer.text
