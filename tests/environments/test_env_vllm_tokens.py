@@ -246,7 +246,8 @@ async def test_managed_server_tracks_vllms_tokens_through_a_tool_call_conversati
 ) -> None:
     """Turn 1 renders the tools and an earlier tool call + result (hermes) into the prompt
     ids; turn 2 continues that conversation: both nodes are exactly vLLM's ids and logprobs,
-    and turn 2's node extends turn 1's ids verbatim."""
+    and turn 2's node extends turn 1's ids verbatim, in its place (Atropos's order: the
+    continuation replaces the node it extends; the other sample of turn 1 stays as it was)."""
     from transformers import AutoTokenizer
 
     from atroposlib.envs.hermes import tools_prompt
@@ -258,20 +259,21 @@ async def test_managed_server_tracks_vllms_tokens_through_a_tool_call_conversati
     try:
         async with manager.managed_server(tokenizer=tokenizer) as managed:
             first = await managed.chat_completion(messages=chat, tools=TOOLS, n=2, max_tokens=12)
-            [node_a, _] = managed.get_state()["nodes"]
+            [node_a, node_b] = managed.get_state()["nodes"]
             reply = first.choices[0].message.content or ""
             chat += [{"role": "assistant", "content": reply},
                      {"role": "user", "content": "And 2 + 3?"}]  # fmt: skip
             await managed.chat_completion(messages=chat, tools=TOOLS, max_tokens=12)
-            nodes = managed.get_state()["nodes"]
+            [continued, untouched] = managed.get_state()["nodes"]
     finally:
         await manager.close()
+    assert untouched is node_b
     exchanges = proxy.exchanges[before:]
     assert len(exchanges) == 2 and all(e["status"] == 200 for e in exchanges)
     first_prompt = tokenizer.decode(exchanges[0]["request"]["prompt"])
     assert '"name": "add"' in first_prompt and "<tool_call>" in first_prompt
     served = {(tuple(s["prompt_ids"]), tuple(s["output_ids"])): s for s in proxy.sampled()}
-    for node in (node_a, nodes[-1]):
+    for node in (node_a, continued):
         spans = trained_spans(node.tokens, node.masked_tokens)
         for start, end in spans:
             key = (tuple(node.tokens[:start]), tuple(node.tokens[start:end]))
@@ -279,6 +281,6 @@ async def test_managed_server_tracks_vllms_tokens_through_a_tool_call_conversati
             assert node.logprobs[start:end] == served[key]["logprobs"]
             assert node.masked_tokens[start:end] == node.tokens[start:end]
         assert spans[-1][1] == len(node.tokens)
-    assert len(trained_spans(nodes[-1].tokens, nodes[-1].masked_tokens)) == 2
+    assert len(trained_spans(continued.tokens, continued.masked_tokens)) == 2
     second_prompt = exchanges[1]["request"]["prompt"]
     assert second_prompt[: len(node_a.tokens)] == node_a.tokens, "turn 2 continues turn 1's ids"

@@ -47,7 +47,7 @@ from tests.vllm_testlib import RecordingProxy, VllmServer, model_path
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 IN_FLIGHT = 6
-REPLY_TOKENS = 48
+REPLY_TOKENS = 160  # long enough that a loaded machine still catches all six mid-generation
 
 
 class Running(VllmServer):
@@ -134,7 +134,7 @@ def test_keep_mode_finishes_frozen_replies_on_the_new_weights(
     model = perturb(load_model(model_path()), seed=3)
     sync = live_sync(url, "shm", "keep", tmp_path)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT)
+    hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
     step = next_version()
     report = push(sync, model, tmp_path / "unused", step)
     sync.close()
@@ -167,7 +167,7 @@ def test_wait_mode_lets_replies_finish_before_the_update(
     old = version(url)
     sync = live_sync(url, "shm", "wait", tmp_path)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT)
+    hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
     httpx.post(f"{url}/resume").raise_for_status()  # running again when the push pauses
     step = next_version()
     report = push(sync, perturb(load_model(model_path()), seed=4), tmp_path / "unused", step)
@@ -207,7 +207,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
         result: dict[str, object] = {}
         thread = threading.Thread(target=lambda: result.update(r=asyncio.run(sample())))
         thread.start()
-        hold_mid_generation(url, IN_FLIGHT)
+        hold_mid_generation(url, IN_FLIGHT, lambda: None if thread.is_alive() else "sampled")
         sync = live_sync(url, "shm", "abort", tmp_path)
         report = push(sync, perturb(load_model(model_path()), seed=5), tmp_path / "x", 1000)
         sync.close()
@@ -340,11 +340,14 @@ class VersionWatch:
 
     def _watch(self) -> None:
         last = version(self.server.url)
-        while not self._stop.wait(0.25):
-            now = version(self.server.url)
+        while True:
+            stopping = self._stop.wait(0.25)
+            now = version(self.server.url)  # once more after the stop: the last push counts
             if now != last:
                 self.greedy_at[now] = greedy(self.server.url, self.server.model)
                 last = now
+            if stopping:
+                return
 
     def __enter__(self) -> VersionWatch:
         self._thread.start()
@@ -409,8 +412,10 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     said = log.read_text()
     assert done.returncode == 0, said[-3000:]
     assert version(url) == "4"
-    assert "1" in watch.greedy_at and watch.greedy_at["1"] != before  # the first push landed
+    assert "1" in watch.greedy_at, f"versions seen: {sorted(watch.greedy_at)}"
+    assert watch.greedy_at["1"] != before  # the first push landed
     final = load_model(tmp_path / "run" / "step-4")  # the trainer's last checkpoint
+    assert "4" in watch.greedy_at, f"versions seen: {sorted(watch.greedy_at)}"
     assert watch.greedy_at["4"] == hf_greedy(final)  # what vLLM serves is exactly it
     lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", said)
     assert [step for step, _, _ in lags] == ["1", "2", "3", "4"], said[-3000:]

@@ -9,6 +9,7 @@ import itertools
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,15 @@ class InFlight:
             thread.start()
         return self
 
+    def ended(self) -> str | None:
+        """What ended first, if any reply already has: its finish reason or its error."""
+        for reply in self.replies:
+            if isinstance(reply, BaseException):
+                return f"a reply failed: {reply!r}"
+            if reply is not None:
+                return f"a reply ended ({reply.finish_reason}, {len(reply.ids)} tokens)"
+        return None
+
     def finish(self, timeout: float = 600) -> list[Reply]:
         for thread in self.threads:
             thread.join(timeout)
@@ -164,14 +174,25 @@ def _metric(text: str, name: str) -> float:
     return sum(float(v) for v in values)
 
 
-def hold_mid_generation(url: str, running: int, tokens: int = 4, timeout: float = 300) -> None:
+def hold_mid_generation(
+    url: str,
+    running: int,
+    ended: Callable[[], str | None] = lambda: None,
+    tokens: int = 4,
+    timeout: float = 300,
+) -> None:
     """Once ``running`` requests run and have each sampled about ``tokens`` more, freeze them
     where they are (``/pause?mode=keep``), so they are mid-generation when the push comes on a
-    machine of any speed; the push's own pause and resume take over from there."""
+    machine of any speed; the push's own pause and resume take over from there.
+
+    ``ended`` says what ended if a request already has (finished or failed): then it is too
+    late to hold them all, and the error says why at once instead of waiting ``timeout``."""
     deadline = time.monotonic() + timeout
     first: float | None = None
     seen = ""
     while time.monotonic() < deadline:
+        if (what := ended()) is not None:
+            raise AssertionError(f"{running} requests could not be held mid-generation: {what}")
         seen = httpx.get(f"{url}/metrics", timeout=30).text
         if _metric(seen, "vllm:num_requests_running") >= running:
             generated = _metric(seen, "vllm:generation_tokens_total")
