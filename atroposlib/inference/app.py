@@ -65,6 +65,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(scheduler.stop)
+            app.state.inference.staging_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="atroposlib inference", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _invalid_request)

@@ -1,9 +1,9 @@
-"""A running batch of sequences sharing one key/value cache.
+"""A running batch of sequences and their key/value cache.
 
-Rows are left-padded: every row's cache ends at the same column, and ``attention_mask``
-marks which columns hold real tokens. Rows can join (their cache is left-padded to the
-batch's length and concatenated) and leave (selected out) between decode steps, which is
-what lets new requests start while others are still generating.
+Rows can join and leave between decode steps, which is what lets new requests start
+while others are still generating. Two caches: :class:`PaddedCache` (transformers' own,
+left-padded; any architecture) and the fast path's
+:class:`~atroposlib.inference.kv_cache.PrefixSharedCache`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from atroposlib.inference.kv_cache import PrefixSharedCache
 from atroposlib.inference.sampling import SamplingParams
 
 
@@ -54,43 +55,36 @@ class Sequence:
         return self.prompt_ids + self.output_ids
 
 
-class ActiveBatch:
-    """Rows being decoded together: cache (B, H, L, D) per layer, mask (B, L)."""
+class PaddedCache:
+    """A transformers cache of left-padded rows (the path for any architecture): every row's
+    cache ends at the same column; ``attention_mask`` (B, L) marks the real tokens."""
 
-    def __init__(
-        self,
-        rows: list[Sequence],
-        cache: DynamicCache,
-        attention_mask: torch.Tensor,
-        next_tokens: torch.Tensor,
-    ) -> None:
-        self.rows = rows
+    def __init__(self, cache: DynamicCache, attention_mask: torch.Tensor) -> None:
         self.cache = cache
-        self.attention_mask = attention_mask  # (B, L): 1 where the cache holds a real token
-        self.next_tokens = next_tokens  # (B,): sampled, not yet fed through the model
-        self.positions = attention_mask.sum(dim=1)  # (B,): position id of next_tokens
+        self.attention_mask = attention_mask
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return int(self.attention_mask.shape[0])
 
     @property
     def length(self) -> int:
         return int(self.attention_mask.shape[1])
 
-    def keep(self, indices: list[int]) -> None:
-        """Drop every row not in ``indices``, then trim columns no remaining row uses."""
+    def keep(self, indices: list[int]) -> list[int]:
+        """Keep the rows at ``indices`` (in that order), then trim unused columns."""
         index = torch.tensor(indices, dtype=torch.long, device=self.attention_mask.device)
-        self.rows = [self.rows[i] for i in indices]
         self.cache.batch_select_indices(index)
         self.attention_mask = self.attention_mask[index]
-        self.next_tokens = self.next_tokens[index]
-        self.positions = self.positions[index]
         used = self.attention_mask.any(dim=0).nonzero()
         first = int(used[0]) if len(used) else self.length
         if first > 0:
-            self._slice_columns(first)
+            for layer in _layers(self.cache):
+                layer.keys = layer.keys[:, :, first:]
+                layer.values = layer.values[:, :, first:]
+            self.attention_mask = self.attention_mask[:, first:]
+        return indices
 
-    def merge(self, other: ActiveBatch) -> None:
+    def absorb(self, other: PaddedCache) -> None:
         """Append ``other``'s rows, left-padding whichever cache is shorter."""
         width = max(self.length, other.length)
         self._pad_left(width - self.length)
@@ -98,10 +92,12 @@ class ActiveBatch:
         for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
             mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
             mine.values = torch.cat([mine.values, theirs.values], dim=0)
-        self.rows += other.rows
         self.attention_mask = torch.cat([self.attention_mask, other.attention_mask], dim=0)
-        self.next_tokens = torch.cat([self.next_tokens, other.next_tokens], dim=0)
-        self.positions = torch.cat([self.positions, other.positions], dim=0)
+
+    def grow(self) -> None:
+        """One more column for the token the next step feeds."""
+        ones = self.attention_mask.new_ones((len(self), 1))
+        self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
 
     def _pad_left(self, columns: int) -> None:
         if columns <= 0:
@@ -111,14 +107,43 @@ class ActiveBatch:
             pad_shape = (*keys.shape[:2], columns, keys.shape[3])
             layer.keys = torch.cat([keys.new_zeros(pad_shape), keys], dim=2)
             layer.values = torch.cat([values.new_zeros(pad_shape), values], dim=2)
-        pad = self.attention_mask.new_zeros((len(self.rows), columns))
+        pad = self.attention_mask.new_zeros((len(self), columns))
         self.attention_mask = torch.cat([pad, self.attention_mask], dim=1)
 
-    def _slice_columns(self, first: int) -> None:
-        for layer in _layers(self.cache):
-            layer.keys = layer.keys[:, :, first:]
-            layer.values = layer.values[:, :, first:]
-        self.attention_mask = self.attention_mask[:, first:]
+
+class ActiveBatch:
+    """Rows being decoded together, with their cache (:class:`PaddedCache` or
+    :class:`~atroposlib.inference.kv_cache.PrefixSharedCache`)."""
+
+    def __init__(
+        self,
+        rows: list[Sequence],
+        cache: PaddedCache | PrefixSharedCache,
+        next_tokens: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.next_tokens = next_tokens  # (B,): sampled, not yet fed through the model
+        self.positions = positions  # (B,): position id of next_tokens
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def keep(self, indices: list[int]) -> None:
+        """Drop every row not in ``indices`` (the cache may reorder the rest)."""
+        order = self.cache.keep(indices)
+        index = torch.tensor(order, dtype=torch.long, device=self.next_tokens.device)
+        self.rows = [self.rows[i] for i in order]
+        self.next_tokens = self.next_tokens[index]
+        self.positions = self.positions[index]
+
+    def merge(self, other: ActiveBatch) -> None:
+        """Append ``other``'s rows (its cache is of the same kind)."""
+        self.cache.absorb(other.cache)  # type: ignore[arg-type]  # one kind per runner
+        self.rows += other.rows
+        self.next_tokens = torch.cat([self.next_tokens, other.next_tokens], dim=0)
+        self.positions = torch.cat([self.positions, other.positions], dim=0)
 
 
 def _layers(cache: DynamicCache) -> list[Any]:

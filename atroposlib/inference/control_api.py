@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -27,7 +28,7 @@ from atroposlib.inference.weight_transfer import (
     dtype_name,
     expected_parameters,
     read_safetensors,
-    read_shared_memory,
+    stage_shared_memory,
 )
 from atroposlib.protocol import (
     FinishWeightUpdateRequest,
@@ -120,16 +121,18 @@ async def update_weights(request: Request) -> WeightTransferResponse:
             except ValidationError as error:
                 where = ".".join(str(p) for p in error.errors()[0]["loc"])
                 raise TransferError(where or "body", error.errors()[0]["msg"]) from error
-            chunk = await asyncio.to_thread(
-                read_shared_memory, info.shm_name, info.names, info.dtype_names, info.shapes
-            )
+            stage = partial(
+                stage_shared_memory,
+                staging, info.shm_name, info.names, info.dtype_names, info.shapes,
+            )  # fmt: skip
         elif media == "application/octet-stream":
             if state.transport != "http":
                 raise TransferError("content-type", "the shm transport sends JSON update_info")
-            chunk = await asyncio.to_thread(read_safetensors, body)
+            stage = partial(_stage_safetensors, staging, body)
         else:
             raise TransferError("content-type", "send application/octet-stream or application/json")
-        staged = await asyncio.to_thread(staging.add, chunk)
+        loop = asyncio.get_running_loop()
+        staged = await loop.run_in_executor(state.staging_pool, stage)
     except TransferError as error:
         raise bad_request(error.field, str(error).split(": ", 1)[1]) from error
     return WeightTransferResponse(message="Weights staged", tensors=staged)
@@ -202,6 +205,10 @@ async def reset_prefix_cache(
     if reset_running_requests:
         await server_state(request).scheduler.recompute_running()
     return ResetPrefixCacheResponse(success=True)
+
+
+def _stage_safetensors(staging: Staging, body: bytes) -> int:
+    return staging.add(read_safetensors(body))
 
 
 def _active(state: ServerState) -> Staging:

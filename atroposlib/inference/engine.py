@@ -7,13 +7,16 @@ worker thread.
 from __future__ import annotations
 
 import logging
+import weakref
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from atroposlib.inference.batch import ActiveBatch, Sequence
+from atroposlib.inference.batch import ActiveBatch, PaddedCache, Sequence
+from atroposlib.inference.fast_decode import context_kv, decode_step, empty_cache, supports
+from atroposlib.inference.kv_cache import PrefixSharedCache, SharedPrefix
 from atroposlib.inference.sampling import sample_next
 
 logger = logging.getLogger(__name__)
@@ -55,12 +58,29 @@ def check_compatible(current: PreTrainedModel, candidate: PreTrainedModel) -> No
 
 
 class ModelRunner:
-    """A causal LM and its tokenizer, with batched prefill and single-step decode."""
+    """A causal LM and its tokenizer, with batched prefill and single-step decode.
 
-    def __init__(self, model_path: str | Path, device: str = "cpu", dtype: str = "auto") -> None:
+    ``fast_decode`` (default) decodes architectures :func:`fast_decode.supports` knows with
+    the shared-prompt cache of :mod:`atroposlib.inference.kv_cache`; others, or
+    ``fast_decode=False``, use the transformers forward and its cache, left-padded.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "cpu",
+        dtype: str = "auto",
+        fast_decode: bool = True,
+    ) -> None:
         self.device = device
         self.dtype = resolve_dtype(dtype, device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.want_fast_decode = fast_decode
+        self.weights_generation = 0
+        """Bumped whenever the served weights change: cached prompts of older ones are stale."""
+        self._prefixes: weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix] = (
+            weakref.WeakValueDictionary()
+        )  # contexts some running row shares, by their tokens
         self.model = load_model(model_path, device, self.dtype)
         self.vocab_size = int(self.model.config.vocab_size)
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -73,27 +93,86 @@ class ModelRunner:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids, default=0))
 
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
+    @model.setter
+    def model(self, model: PreTrainedModel) -> None:
+        self._model = model
+        self.fast_decode = self.want_fast_decode and supports(model)
+        self.weights_generation += 1
+
     @torch.inference_mode()
     def prefill(self, rows: list[Sequence]) -> ActiveBatch:
-        """Run the contexts of ``rows`` (left-padded) and sample each row's next token.
+        """Run the contexts of ``rows`` and sample each row's next token.
 
         A new row's context is its prompt; a preempted row resumes from its prompt plus the
-        tokens it already has. A context shared by several rows (``n > 1``) is run once;
-        its cache is copied per row.
+        tokens it already has. A context shared by several rows (``n > 1``) is run once.
         """
-        unique: dict[tuple[int, ...], int] = {}
-        contexts = [tuple(row.context_ids) for row in rows]
-        for row, context in zip(rows, contexts, strict=True):
+        for row in rows:
             if row.params.seed is not None and row.generator is None:
                 row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
-            unique.setdefault(context, len(unique))
-        prompts = list(unique)
-        width = max(len(prompt) for prompt in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
+        contexts = [tuple(row.context_ids) for row in rows]
+        if self.fast_decode:
+            return self._prefill_shared(rows, contexts)
+        unique = list(dict.fromkeys(contexts))
+        cache, mask, logits = self._run_contexts(unique)
+        if len(unique) < len(rows):  # the cache is copied per row
+            where = {context: i for i, context in enumerate(unique)}
+            source = torch.tensor([where[context] for context in contexts], device=mask.device)
+            cache.batch_select_indices(source)
+            mask, logits = mask[source], logits[source]
+        first = torch.zeros(len(rows), dtype=torch.long, device=mask.device)
+        batch = ActiveBatch(rows, PaddedCache(cache, mask), first, mask.sum(dim=1))
+        self._sample_into(batch, logits)
+        return batch
+
+    def _prefill_shared(self, rows: list[Sequence], contexts: list[tuple[int, ...]]) -> ActiveBatch:
+        """Prefill for the fast path: a context of several rows becomes a
+        :class:`SharedPrefix` (or reuses a running one computed by the same weights); a
+        context of one row is that row's private cache."""
+        counts: dict[tuple[int, ...], int] = {}
+        for context in contexts:
+            counts[context] = counts.get(context, 0) + 1
+        shared: dict[tuple[int, ...], SharedPrefix] = {}
+        for context in counts:
+            running = self._prefixes.get(context)
+            if running is not None and running.generation == self.weights_generation:
+                shared[context] = running
+        fresh = [context for context in counts if context not in shared]
+        private: dict[tuple[int, ...], Tensor] = {}
+        logits_of: dict[tuple[int, ...], Tensor] = {}
+        if fresh:
+            cache, _, logits = self._run_contexts(fresh)
+            for i, context in enumerate(fresh):
+                kv = context_kv(cache, i, len(context))
+                if counts[context] > 1:
+                    prefix = SharedPrefix(
+                        context, kv[0], kv[1], self.weights_generation, logits[i].clone()
+                    )
+                    shared[context] = self._prefixes[context] = prefix
+                else:
+                    private[context], logits_of[context] = kv, logits[i]
+        for context, prefix in shared.items():
+            logits_of[context] = prefix.last_logits
+        kv_cache = empty_cache(self.model, torch.device(self.device))
+        kv_cache.add_rows([shared.get(c) for c in contexts], [private.get(c) for c in contexts])
+        positions = torch.tensor([len(c) for c in contexts], device=self.device)
+        first = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        batch = ActiveBatch(rows, kv_cache, first, positions)
+        self._sample_into(batch, torch.stack([logits_of[c] for c in contexts]))
+        return batch
+
+    def _run_contexts(self, contexts: list[tuple[int, ...]]) -> tuple[DynamicCache, Tensor, Tensor]:
+        """The transformers forward over ``contexts`` (left-padded): its cache, the mask
+        (U, L) and each context's next-token logits (U, V)."""
+        width = max(len(context) for context in contexts)
+        ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, context in enumerate(contexts):
+            ids[i, width - len(context) :] = torch.tensor(context)
+            mask[i, width - len(context) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
@@ -105,15 +184,7 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=1,
         )
-        logits = out.logits[:, -1, :]  # (unique prompts, V)
-        if len(prompts) < len(rows):
-            source = torch.tensor([unique[context] for context in contexts], device=ids.device)
-            cache.batch_select_indices(source)
-            mask, logits = mask[source], logits[source]
-        first = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
-        batch = ActiveBatch(rows, cache, mask, first)
-        self._sample_into(batch, logits)
-        return batch
+        return cache, mask, out.logits[:, -1, :]
 
     @torch.inference_mode()
     def prompt_logprobs(
@@ -137,17 +208,21 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, batch: ActiveBatch) -> None:
         """Feed every row's last token through the model and sample the next one."""
-        ones = batch.attention_mask.new_ones((len(batch), 1))
-        batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=1)
-        out = self.model(
-            input_ids=batch.next_tokens.unsqueeze(1),
-            attention_mask=batch.attention_mask,
-            position_ids=batch.positions.unsqueeze(1),
-            past_key_values=batch.cache,
-            use_cache=True,
-        )
+        cache = batch.cache
+        if isinstance(cache, PrefixSharedCache):
+            logits = decode_step(self.model, cache, batch.next_tokens, batch.positions)
+        else:
+            cache.grow()
+            out = self.model(
+                input_ids=batch.next_tokens.unsqueeze(1),
+                attention_mask=cache.attention_mask,
+                position_ids=batch.positions.unsqueeze(1),
+                past_key_values=cache.cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
         batch.positions = batch.positions + 1
-        self._sample_into(batch, out.logits[:, -1, :])
+        self._sample_into(batch, logits)
 
     def parameters(self) -> dict[str, torch.nn.Parameter]:
         """Every parameter by name; tied weights appear under each of their names."""
@@ -168,6 +243,8 @@ class ModelRunner:
                 )
         for name, tensor in tensors.items():
             params[name].data = tensor.to(params[name].device)
+        if tensors:
+            self.weights_generation += 1
 
     def abort(self, row: Sequence) -> None:
         """End ``row`` now with what it has (a pause in ``abort`` mode)."""

@@ -77,6 +77,44 @@ def _keep_top_k(log_probs: torch.Tensor, top_k: list[int]) -> torch.Tensor:
     return _renormalise(log_probs.masked_fill(log_probs < kth, float("-inf")))
 
 
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """One draw per row of ``probs`` (R, V; unnormalised is fine) from ``uniforms`` (R,) in
+    [0, 1): the first token whose cumulative probability exceeds ``u * total``.
+
+    In two levels, both in float64: the row's mass per block of ``block`` tokens finds the
+    block, a cumulative sum inside that block alone finds the token (one pass over the row
+    instead of a full cumulative sum, itself ~7x cheaper than a multinomial draw per row).
+    A token of probability 0 is never drawn: no cumulative sum rises at it, and each target
+    is kept inside [0, the sum it searches).
+    """
+    rows, vocab = probs.shape
+    blocks = -(-vocab // block)
+    padded = torch.nn.functional.pad(probs, (0, blocks * block - vocab)).view(rows, blocks, block)
+    mass = padded.sum(dim=-1, dtype=torch.float64)  # (R, blocks)
+    cdf = mass.cumsum(dim=-1)
+    target = _below(uniforms.unsqueeze(-1).double() * cdf[:, -1:], cdf[:, -1:])
+    which = torch.searchsorted(cdf, target, right=True)  # (R, 1): the block
+    inside = padded[torch.arange(rows, device=probs.device), which[:, 0]].double().cumsum(-1)
+    offset = target - (cdf.gather(-1, which) - mass.gather(-1, which))
+    offset = _below(offset.clamp(min=0.0), inside[:, -1:])  # the block's own sum rounds apart
+    token = which * block + torch.searchsorted(inside, offset, right=True)
+    return token.squeeze(-1)
+
+
+def _below(value: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """``value``, at most the largest float below ``limit`` (so a search lands inside)."""
+    return torch.minimum(value, torch.nextafter(limit, torch.zeros_like(limit)))
+
+
+def _uniforms(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per row: from the row's own generator when seeded."""
+    draws = torch.rand(len(generators), dtype=torch.float64, device=device)
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            draws[i] = torch.rand(1, dtype=torch.float64, device=device, generator=generator)[0]
+    return draws
+
+
 def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -106,11 +144,11 @@ def sample_next(
         log_probs = _renormalise(log_probs.masked_fill(log_probs < floor, float("-inf")))
 
     chosen = torch.argmax(logits, dim=-1)  # (B,)
-    probs = log_probs.exp()
-    for row, (sampled, generator) in enumerate(zip(sampled_rows, generators, strict=True)):
-        if sampled:
-            draw = torch.multinomial(probs[row], 1, generator=generator)
-            chosen[row] = draw[0]
+    rows = [row for row, sampled in enumerate(sampled_rows) if sampled]
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        uniforms = _uniforms([generators[row] for row in rows], logits.device)
+        chosen[index] = inverse_cdf(log_probs[index].exp(), uniforms)
     chosen_lp = log_probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
     result = SampledTokens(token_ids=chosen.tolist(), logprobs=chosen_lp.tolist())
 

@@ -111,7 +111,7 @@ _Command = _Submit | _Cancel | _Swap | _Pause | _Resume | _Install | _Recompute
 class Scheduler:
     """Owns the :class:`ModelRunner` from a worker thread; callers submit jobs to it."""
 
-    def __init__(self, runner: ModelRunner, max_batch_size: int = 16) -> None:
+    def __init__(self, runner: ModelRunner, max_batch_size: int = 64) -> None:
         self.runner = runner
         self.max_batch_size = max_batch_size
         self.weight_version = 0

@@ -28,7 +28,11 @@ class InferenceSettings(BaseSettings):
         default="auto", description="Weight dtype; auto is float32 on cpu, bfloat16 on cuda."
     )
     max_batch_size: int = Field(
-        default=16, ge=1, le=1024, description="Most sequences decoded together in one step."
+        default=64,
+        ge=1,
+        le=1024,
+        description="Most sequences decoded together in one step (on CPU a step of 64 rows "
+        "costs about 2.4x one of 16: more rows, more tokens per second).",
     )
     max_request_sequences: int = Field(
         default=4096,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -12,7 +13,7 @@ from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.sample_log import SampleLog
 from atroposlib.inference.scheduler import Scheduler
 from atroposlib.inference.settings import InferenceSettings
-from atroposlib.inference.weight_transfer import Staging
+from atroposlib.inference.weight_transfer import Staging, staging_executor
 
 
 @dataclass
@@ -28,6 +29,8 @@ class ServerState:
     """How weight chunks arrive (``http``/``shm``), once ``/init_weight_transfer_engine`` ran."""
     staging: Staging | None = None
     """The weight update in progress (``/start_weight_update`` .. ``/finish_weight_update``)."""
+    staging_pool: ThreadPoolExecutor = field(default_factory=staging_executor)
+    """Where chunks are decoded and copied (one thread; shut down with the app)."""
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)

@@ -72,7 +72,11 @@ class SharedMemoryWeightTransferEngine(
 
     def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
         chunk = read_shared_memory(
-            update_info.shm_name, update_info.names, update_info.dtype_names, update_info.shapes
+            update_info.shm_name,
+            update_info.names,
+            update_info.dtype_names,
+            update_info.shapes,
+            dtype=self.model_config.dtype,
         )
         if self._layout is not None:
             for name, tensor in chunk.items():
@@ -83,9 +87,7 @@ class SharedMemoryWeightTransferEngine(
                     raise TransferError(
                         name, f"shape {list(tensor.shape)} does not match the served {list(want)}"
                     )
-        served = self.model_config.dtype
-        for name, tensor in chunk.items():
-            self._staged[name] = tensor if not tensor.is_floating_point() else tensor.to(served)
+        self._staged.update(chunk)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import (

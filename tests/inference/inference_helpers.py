@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import torch
 
+from atroposlib.inference.batch import Sequence
+from atroposlib.inference.engine import ModelRunner
 from tests.fakes import free_port
 
 SERVED_NAME = "smol"
@@ -57,3 +60,19 @@ def stop_server(server: RunningServer) -> None:
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+
+
+def chat(runner: ModelRunner, question: str) -> list[int]:
+    text = runner.tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+    return list(runner.tokenizer.encode(str(text), add_special_tokens=False))
+
+
+def forward_logprobs(runner: ModelRunner, seq: Sequence) -> torch.Tensor:
+    with torch.no_grad():
+        ids = torch.tensor([seq.prompt_ids + seq.output_ids])
+        logits = runner.model(ids).logits[0, len(seq.prompt_ids) - 1 : -1]
+    temperature = seq.params.temperature or 1.0
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+    return log_probs.gather(-1, torch.tensor(seq.output_ids)[:, None])[:, 0]

@@ -1,5 +1,6 @@
 """The batch machinery with the real model in-process: rows joining and leaving mid-flight
-produce exactly the tokens and log-probabilities a lone forward pass gives."""
+produce exactly the tokens and log-probabilities a lone forward pass gives, on both decode
+paths (the fast path's shared-prompt cache and the transformers forward)."""
 
 from __future__ import annotations
 
@@ -10,37 +11,30 @@ from typing import Any
 
 import pytest
 import torch
-from inference_helpers import SERVER_FLAGS
+from inference_helpers import SERVER_FLAGS, chat, forward_logprobs
 
-from atroposlib.inference.batch import Sequence
+from atroposlib.inference.batch import PaddedCache, Sequence
 from atroposlib.inference.engine import ModelRunner
+from atroposlib.inference.kv_cache import PrefixSharedCache
 from atroposlib.inference.sampling import SamplingParams
 
 pytestmark = [pytest.mark.model]
 
 
 @pytest.fixture(scope="module")
-def runner(test_model_path: Path) -> Iterator[ModelRunner]:
+def loaded_runner(test_model_path: Path) -> Iterator[ModelRunner]:
     threads = torch.get_num_threads()
     torch.set_num_threads(int(SERVER_FLAGS[1]))  # as the test servers run
     yield ModelRunner(test_model_path)
     torch.set_num_threads(threads)
 
 
-def chat(runner: ModelRunner, question: str) -> list[int]:
-    text = runner.tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-    return list(runner.tokenizer.encode(str(text), add_special_tokens=False))
-
-
-def forward_logprobs(runner: ModelRunner, seq: Sequence) -> torch.Tensor:
-    with torch.no_grad():
-        ids = torch.tensor([seq.prompt_ids + seq.output_ids])
-        logits = runner.model(ids).logits[0, len(seq.prompt_ids) - 1 : -1]
-    temperature = seq.params.temperature or 1.0
-    log_probs = torch.log_softmax(logits / temperature, dim=-1)
-    return log_probs.gather(-1, torch.tensor(seq.output_ids)[:, None])[:, 0]
+@pytest.fixture(params=["fast", "transformers"])
+def runner(loaded_runner: ModelRunner, request: pytest.FixtureRequest) -> Iterator[ModelRunner]:
+    assert loaded_runner.fast_decode, "the test model's architecture has the fast path"
+    loaded_runner.fast_decode = request.param == "fast"
+    yield loaded_runner
+    loaded_runner.fast_decode = True
 
 
 def run_to_end(runner: ModelRunner, batch: Any) -> None:
@@ -110,7 +104,13 @@ def test_a_shared_prompt_is_run_once_and_each_row_samples_on_its_own(runner: Mod
     ]
     rows.append(Sequence(chat(runner, "Hi"), SamplingParams(max_new_tokens=5, temperature=0)))
     batch = runner.prefill(rows)
-    assert batch.cache.layers[0].keys.shape[0] == 5  # type: ignore[union-attr]
+    if isinstance(batch.cache, PrefixSharedCache):  # one shared prompt; the lone row's own
+        assert [prefix.tokens for prefix in batch.cache.prefixes()] == [tuple(prompt)]
+        assert batch.cache.prefix_of[4] is None and int(batch.cache.lengths[4]) == len(
+            rows[4].prompt_ids
+        )
+    else:
+        assert isinstance(batch.cache, PaddedCache) and len(batch.cache) == 5
     run_to_end(runner, batch)
     assert len({tuple(row.output_ids) for row in rows[:4]}) > 1
     for seq in rows:

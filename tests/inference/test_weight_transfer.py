@@ -1,0 +1,65 @@
+"""Staging weight chunks (no server): one copy out of shared memory into the served dtype,
+none for a decoded body already in it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import resource_tracker, shared_memory
+
+import pytest
+import torch
+
+from atroposlib.inference.weight_transfer import (
+    Staging,
+    TransferError,
+    stage_shared_memory,
+)
+
+EXPECTED = {"a": ((2, 3), torch.float32), "b": ((4,), torch.bfloat16)}
+
+
+@contextmanager
+def trainer_block(size: int) -> Iterator[shared_memory.SharedMemory]:
+    """A block as the trainer creates it. The server side, here in the same process, stops
+    this process's resource tracker from tracking it; tracked again before the unlink, so
+    the tracker is not asked to forget it twice."""
+    block = shared_memory.SharedMemory(create=True, size=size)
+    try:
+        yield block
+    finally:
+        block.close()
+        resource_tracker.register(block._name, "shared_memory")  # type: ignore[attr-defined]
+        block.unlink()
+
+
+def test_a_shared_block_is_copied_once_into_the_served_dtypes() -> None:
+    a, b = torch.arange(6.0).reshape(2, 3), torch.tensor([0.5, 1.5, -2.0, 3.0])
+    raw = torch.cat([a.view(-1).view(torch.uint8), b.view(torch.uint8)])
+    with trainer_block(raw.numel()) as block:
+        torch.frombuffer(block.buf, dtype=torch.uint8, count=raw.numel()).copy_(raw)
+        staging = Staging(EXPECTED)
+        staged = stage_shared_memory(
+            staging, block.name, ["a", "b"], ["float32", "float32"], [[2, 3], [4]]
+        )
+        assert staged == 2
+        torch.frombuffer(block.buf, dtype=torch.uint8, count=raw.numel()).zero_()
+    # the staged tensors are the server's own: the block's later contents do not reach them
+    assert torch.equal(staging.tensors["a"], a)
+    assert staging.tensors["b"].dtype == torch.bfloat16
+    assert torch.equal(staging.tensors["b"], b.to(torch.bfloat16))
+
+
+def test_a_decoded_chunk_in_the_served_dtype_is_kept_without_a_copy() -> None:
+    staging = Staging(EXPECTED)
+    a = torch.ones(2, 3)
+    staging.add({"a": a})
+    assert staging.tensors["a"].data_ptr() == a.data_ptr()
+
+
+def test_an_empty_chunk_names_the_field() -> None:
+    with (
+        trainer_block(8) as block,
+        pytest.raises(TransferError, match=r"update_info\.names"),
+    ):
+        stage_shared_memory(Staging(EXPECTED), block.name, [], [], [])
