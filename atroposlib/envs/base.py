@@ -26,6 +26,7 @@ from atroposlib.envs.groups import (
     ScoredDataItem,
     group_from_items,
     group_rejection_reason,
+    is_no_signal,
 )
 from atroposlib.envs.optional_fields import RepairNotices, repair_optional_fields
 from atroposlib.envs.rollouts import TokenSampler
@@ -379,11 +380,17 @@ class BaseEnv(ABC):
         return await self.get_next_item()
 
     async def run_item(
-        self, item: Item, *, max_token_len: int | None = None
+        self,
+        item: Item,
+        *,
+        max_token_len: int | None = None,
+        dropped: list[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         """Roll out ``item`` and return the groups fit to send; failures are logged and counted
         (``last_failure`` says why, ``last_rollout_raised`` whether it was an exception; both
-        set just before returning: safe with concurrent items)."""
+        set just before returning: safe with concurrent items). Groups left out only because
+        their scores are all equal go to ``dropped``, when given, with the reason in
+        ``"dropped"`` (``serve`` writes them to its group file so the dump stays complete)."""
         started = time.perf_counter()
         failure: str | None = None
         raised = False
@@ -408,7 +415,9 @@ class BaseEnv(ABC):
         if trajectories is None:  # whatever error an env or adapter made of a dead engine
             self._raise_if_no_engine_left()
         self.last_failure = None
-        groups = self.accept_groups(trajectories, max_token_len=max_token_len, item=item)
+        groups = self.accept_groups(
+            trajectories, max_token_len=max_token_len, item=item, dropped=dropped
+        )
         failure = failure or self.last_failure
         for group in groups:
             await self.add_rollouts_for_wandb(group, item)
@@ -424,12 +433,19 @@ class BaseEnv(ABC):
             raise InferenceEngineDeadError(reason)
 
     def accept_groups(
-        self, trajectories: Trajectories, *, max_token_len: int | None = None, item: Item = None
+        self,
+        trajectories: Trajectories,
+        *,
+        max_token_len: int | None = None,
+        item: Item = None,
+        dropped: list[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         """Validate groups (an Atropos dict becomes ``ScoredData`` here, once) and return their
         wire form, with Atropos's keys; each rejection (a malformed group included) is logged
         with its reason and the item, counted, and skipped. ``max_token_len=-1`` (``process``)
-        accepts any length and groups with nothing to train, as Atropos wrote them."""
+        accepts any length and groups with nothing to train, as Atropos wrote them.
+        ``dropped`` (when given) receives the wire form of each group rejected only for
+        ``ensure_scores_are_not_same``, its reason under ``"dropped"``."""
         if trajectories is None:
             return []
         if isinstance(trajectories, dict | ScoredData):
@@ -443,14 +459,17 @@ class BaseEnv(ABC):
         for candidate in candidates:
             if candidate is None:
                 continue
-            checked = self._checked(candidate, limit, require_trained=max_token_len != -1)
-            if isinstance(checked, str):
-                reason = checked
-                logger.warning("group not sent: %s (item: %.300r)", reason, item)
+            payload, reason = self._checked(candidate, limit, require_trained=max_token_len != -1)
+            if reason is not None:
+                if payload is not None and dropped is not None and is_no_signal(reason):
+                    dropped.append({**payload, "dropped": reason})
+                    logger.debug("group dropped: %s", reason)
+                else:
+                    logger.warning("group not sent: %s (item: %.300r)", reason, item)
                 self.perf.rejected[reason.split(":")[0][:40]] += 1
                 self.last_failure = f"group rejected: {reason}"
                 continue
-            payload = checked
+            assert payload is not None
             for key in ATROPOS_NULL_KEYS:
                 payload.setdefault(key, None)
             if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
@@ -465,21 +484,22 @@ class BaseEnv(ABC):
 
     def _checked(
         self, candidate: Any, max_token_len: int, require_trained: bool
-    ) -> dict[str, Any] | str:
-        """The group's wire form, or why it must not be sent."""
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """The group's wire form (None when malformed) and why it must not be sent (None:
+        it may)."""
         if not isinstance(candidate, dict | ScoredData):
-            return f"malformed group: a {type(candidate).__name__}, not a dict"
+            return None, f"malformed group: a {type(candidate).__name__}, not a dict"
         try:
             group, payload = checked_wire_form(candidate)
         except ValidationError as exc:
             # messages / extra in another shape cost the field, never the group
             repaired = repair_optional_fields(candidate) if isinstance(candidate, dict) else None
             if repaired is None:
-                return f"malformed group: {invalid_group_reason(exc)}"
+                return None, f"malformed group: {invalid_group_reason(exc)}"
             try:
                 group, payload = checked_wire_form(repaired.group)
             except ValidationError as still:
-                return f"malformed group: {invalid_group_reason(still)}"
+                return None, f"malformed group: {invalid_group_reason(still)}"
             self.repair_notices.announce(repaired)
         reason = group_rejection_reason(
             group,
@@ -488,7 +508,7 @@ class BaseEnv(ABC):
             ensure_scores_are_not_same=self.config.ensure_scores_are_not_same,
             require_trained_tokens=require_trained,
         )
-        return payload if reason is None else reason
+        return payload, reason
 
     async def run_evaluate(self) -> None:
         try:

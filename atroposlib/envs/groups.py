@@ -96,6 +96,15 @@ def expected_group_size(group: ScoredData, default: int) -> int:
     return default if promised is None else promised
 
 
+NO_SIGNAL = "no learning signal"
+
+
+def is_no_signal(reason: str) -> bool:
+    """Whether ``reason`` (of :func:`group_rejection_reason`) is only that the scores are all
+    equal: a well-formed group that teaches nothing, worth keeping in a dump."""
+    return reason.endswith(NO_SIGNAL)
+
+
 def group_rejection_reason(
     group: ScoredData,
     *,
@@ -121,7 +130,7 @@ def group_rejection_reason(
     if len(group.tokens) != expected:
         return f"group has {len(group.tokens)} sequences, expected group_size {expected}"
     if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) == 1:
-        return f"all {len(scores)} scores are equal ({scores[0]}): no learning signal"
+        return f"all {len(scores)} scores are equal ({scores[0]}): {NO_SIGNAL}"
     if max_token_len > 0:
         longest = max((len(seq) for seq in group.tokens), default=0)
         if longest > max_token_len:

@@ -250,10 +250,23 @@ class EnvRunner:
             self.group_file.write(orjson.dumps(group) + b"\n")
             self.group_file.flush()
 
+    def record_dropped(self, group: dict[str, Any], policy_version: int) -> None:
+        """Write a group the env left out (all scores equal) to the JSONL file, marked
+        ``"dropped"``, so the file holds every sample; it is never sent."""
+        if self.group_file is None:
+            return
+        group["env_id"] = self.env.env_id
+        group["policy_version"] = policy_version
+        self.group_file.write(orjson.dumps(group) + b"\n")
+        self.group_file.flush()
+
     async def _rollout(self, key: str, item: Any, policy_version: int) -> None:
+        dropped: list[dict[str, Any]] = []
         try:
-            for group in await self.env.run_item(item):
+            for group in await self.env.run_item(item, dropped=dropped):
                 self.submit(group, policy_version)
+            for group in dropped:
+                self.record_dropped(group, policy_version)
         except InferenceEngineDeadError as exc:
             self.fatal = exc
         finally:

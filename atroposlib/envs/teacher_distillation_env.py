@@ -212,9 +212,13 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         return group
 
     async def run_item(
-        self, item: Item, *, max_token_len: int | None = None
+        self,
+        item: Item,
+        *,
+        max_token_len: int | None = None,
+        dropped: list[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        groups = await super().run_item(item, max_token_len=max_token_len)
+        groups = await super().run_item(item, max_token_len=max_token_len, dropped=dropped)
         return [dict(await self._attach_teacher_distillation(g)) for g in groups]  # type: ignore[arg-type]
 
     async def handle_send_to_api(
