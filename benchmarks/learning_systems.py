@@ -33,6 +33,11 @@ from atroposlib.envs.reward_fns.graded import Graded, grade_answer
 REPO = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = REPO / "environments" / "reasoning_gym" / "env.py"
 ENV_CONFIG = REPO / "configs" / "local-cpu-env.yaml"
+TASKS = {
+    "sums": ENV_CONFIG,
+    "three_sums": REPO / "configs" / "local-cpu-env-three-sums.yaml",
+}
+"""The benchmark's tasks by name: the demo's (two numbers 0-100) and a harder one."""
 
 
 def load_env_module(path: Path = ENV_SCRIPT) -> ModuleType:
@@ -79,6 +84,13 @@ class Task:
             problems.scorers[name],
             problems.disjointness,
         )
+
+    @property
+    def description(self) -> str:
+        """E.g. ``basic_arithmetic (min_terms=2, max_terms=2, ...)``."""
+        (name,) = self.config.tasks
+        settings = self.config.task_configs.get(name, {})
+        return f"reasoning-gym {name} ({', '.join(f'{k}={v}' for k, v in settings.items())})"
 
     @property
     def max_tokens(self) -> int:

@@ -37,8 +37,9 @@ from atroposlib.cli.local import parse_settings
 from atroposlib.localrun import report
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
 from atroposlib.utils.test_model import ensure_test_model
+from benchmarks.learning_pool import pooled_table
 from benchmarks.learning_systems import (
-    ENV_CONFIG,
+    TASKS,
     LoadSampler,
     Snapshot,
     Task,
@@ -59,7 +60,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="Seed of both systems and the data.")
     parser.add_argument("--points", type=int, default=4, help="Evaluated moments per system.")
     parser.add_argument("--run-dir", type=Path, default=None, help="Output folder.")
-    parser.add_argument("--env-config", type=Path, default=ENV_CONFIG, help="The task (env YAML).")
+    parser.add_argument(
+        "--tasks",
+        default=",".join(TASKS),
+        help=f"Tasks to run, one after the other (of {', '.join(TASKS)}).",
+    )
+    parser.add_argument(
+        "--env-config", type=Path, default=None, help="Instead of --tasks: one task (env YAML)."
+    )
     parser.add_argument("--only", choices=SYSTEMS, default=None, help="Run one system only.")
     parser.add_argument("--trl-threads", type=int, default=2, help="Torch threads of TRL.")
     parser.add_argument(
@@ -334,78 +342,88 @@ def machine_line() -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.monotonic()
-    run_dir = (
-        args.run_dir or Path("runs") / datetime.now().strftime("learning-vs-trl-%Y%m%d-%H%M%S")
-    ).resolve()
+def curve_point(point: Evaluated) -> dict[str, Any]:
+    return {
+        "minutes": point.elapsed_s / 60,
+        "step": point.step,
+        "label": point.label,
+        **{g: point.rate(g) for g in GRADES},
+    }
+
+
+def run_task(
+    args: argparse.Namespace, name: str, env_config: Path, run_dir: Path, base_model: Path
+) -> dict[str, Any] | None:
+    """Both systems on one task, then the evaluation; -> the task's summary (None: a system
+    failed). Writes ``table.txt``, ``summary.json`` and ``accuracy_vs_minutes.png`` in
+    ``run_dir``."""
     (run_dir / "eval").mkdir(parents=True, exist_ok=True)
-    base_model = ensure_test_model()
-    task = Task.load(args.env_config, args.seed)
+    task = Task.load(env_config, args.seed)
     check = task.disjointness
-    print(f"run folder: {run_dir}", flush=True)
+    print(f"[{name}] {task.description}; run folder {run_dir}", flush=True)
     print(
-        f"held-out: {check.eval_problems} problems, {check.overlap} in the training pool of "
-        f"{check.training_pool:,} (both systems train on that pool)",
+        f"[{name}] held-out: {check.eval_problems} problems, {check.overlap} in the training "
+        f"pool of {check.training_pool:,} (both systems train on that pool)",
         flush=True,
     )
     budget = args.minutes * 60
     marks = [budget * k / args.points for k in range(1, args.points)]
     systems = [args.only] if args.only else list(SYSTEMS)
     records: dict[str, dict[str, Any]] = {}
-    for name in systems:
-        record_file = run_dir / f"{name}-training.json"
+    task_args = argparse.Namespace(**{**vars(args), "env_config": env_config})
+    for system in systems:
+        record_file = run_dir / f"{system}-training.json"
         if not args.eval_only:
-            print(f"training {name} for {args.minutes:g} min ...", flush=True)
-            record = train_system(name, args, task, run_dir, base_model, marks)
+            print(f"[{name}] training {system} for {args.minutes:g} min ...", flush=True)
+            record = train_system(system, task_args, task, run_dir, base_model, marks)
             if record is None:
-                print(f"{name} failed: see {run_dir}/{name}.log")
-                return 1
+                print(f"[{name}] {system} failed: see {run_dir}/{system}.log")
+                return None
             record_file.write_text(json.dumps(record, indent=2))
         elif not record_file.exists():
-            print(f"--eval-only: {record_file} is missing (train {name} first)")
-            return 1
-        records[name] = json.loads(record_file.read_text())
+            print(f"--eval-only: {record_file} is missing (train {system} first)")
+            return None
+        records[system] = json.loads(record_file.read_text())
     snapshots = {
-        name: [Snapshot(**{**s, "folder": Path(s["folder"])}) for s in record["snapshots"]]
-        for name, record in records.items()
+        system: [Snapshot(**{**s, "folder": Path(s["folder"])}) for s in record["snapshots"]]
+        for system, record in records.items()
     }
-    print("evaluating the base model and every snapshot (greedy, held-out) ...", flush=True)
+    print(f"[{name}] evaluating the base model and every snapshot (greedy) ...", flush=True)
     eval_started = time.monotonic()
     out, batch, threads = run_dir / "eval", args.eval_batch, args.eval_threads
     base = evaluate(task, None, base_model, out, batch, threads)
     curves = {
-        name: [evaluate(task, s, base_model, out, batch, threads) for s in shots]
-        for name, shots in snapshots.items()
+        system: [evaluate(task, s, base_model, out, batch, threads) for s in shots]
+        for system, shots in snapshots.items()
     }
     eval_s = time.monotonic() - eval_started
     trained = report.trained_questions(
         run_dir / "ours" / "rollouts.jsonl", {e["question"] for e in task.held_out}
     )
     header = [
-        f"learning_vs_trl {datetime.now():%Y-%m-%d %H:%M}, seed {args.seed}, "
+        f"learning_vs_trl {datetime.now():%Y-%m-%d %H:%M}, task {name}, seed {args.seed}, "
         f"{args.minutes:g} min each; {machine_line()}",
-        f"task: reasoning-gym basic_arithmetic (two numbers 0-100), prompt "
-        f'"{task.prompt(task.held_out[0])[-1]["content"]}"',
+        f'task: {task.description}, prompt "{task.prompt(task.held_out[0])[-1]["content"]}"',
         f"held-out: {check.eval_problems} problems; overlap with the training pool of "
         f"{check.training_pool:,}: {check.overlap}; among ours' trained prompts: {len(trained)}",
         f"evaluation: greedy, {task.max_tokens} new tokens, one evaluator for both; "
         f"{eval_s / 60:.1f} min, after training",
     ]
     results = {
-        name: {"training": records[name]["training"], "final": curves[name][-1],
-               "load": records[name]["load"]}
-        for name in systems
+        system: {"training": records[system]["training"], "final": curves[system][-1],
+                 "load": records[system]["load"]}
+        for system in systems
     }  # fmt: skip
     table, differences = render_table(task, results, base, header)
     print(table, flush=True)
     (run_dir / "table.txt").write_text(table + "\n")
     plot(curves, base, run_dir / "accuracy_vs_minutes.png")
     summary = {
+        "task": name,
+        "run_dir": str(run_dir),
+        "description": task.description,
         "seed": args.seed,
         "minutes": args.minutes,
-        "wall_s": time.monotonic() - started,
         "disjointness": {
             "eval_problems": check.eval_problems,
             "overlap": check.overlap,
@@ -414,23 +432,40 @@ def main(argv: list[str] | None = None) -> int:
         },
         "base": {g: base.rate(g) for g in GRADES},
         "systems": {
-            name: {
-                "training": records[name]["training"],
-                "load": records[name]["load"],
-                "curve": [
-                    {"minutes": p.elapsed_s / 60, "step": p.step, **{g: p.rate(g) for g in GRADES}}
-                    for p in curves[name]
-                ],
+            system: {
+                "training": records[system]["training"],
+                "load": records[system]["load"],
+                "curve": [curve_point(p) for p in curves[system]],
             }
-            for name in systems
+            for system in systems
         },
         "difference_ours_minus_trl": {g: vars(i) for g, i in differences.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(
-        f"wrote {run_dir}/table.txt, summary.json, accuracy_vs_minutes.png "
-        f"({(time.monotonic() - started) / 60:.1f} min in all)"
-    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    run_dir = (
+        args.run_dir or Path("runs") / datetime.now().strftime("learning-vs-trl-%Y%m%d-%H%M%S")
+    ).resolve()
+    base_model = ensure_test_model()
+    tasks = {"custom": args.env_config} if args.env_config else {
+        name: TASKS[name] for name in args.tasks.split(",")
+    }  # fmt: skip
+    print(f"run folder: {run_dir}; tasks {', '.join(tasks)}; seed {args.seed}", flush=True)
+    summaries = []
+    for name, env_config in tasks.items():
+        summary = run_task(args, name, env_config, run_dir / name, base_model)
+        if summary is None:
+            return 1
+        summaries.append(summary)
+    table = pooled_table(summaries, f"seed {args.seed}")
+    print(table)
+    (run_dir / "table.txt").write_text(table + "\n")
+    print(f"wrote {run_dir} ({(time.monotonic() - started) / 60:.1f} min in all)")
     return 0
 
 

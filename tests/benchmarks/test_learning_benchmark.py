@@ -15,7 +15,14 @@ import pytest
 
 from atroposlib.envs.heldout import HeldOutOverlapError
 from atroposlib.localrun.bootstrap import bootstrap_mean, gain_difference, gains
-from benchmarks.learning_systems import Snapshot, SnapshotWatcher, Task, TrlSpec, trl_settings
+from benchmarks.learning_systems import (
+    TASKS,
+    Snapshot,
+    SnapshotWatcher,
+    Task,
+    TrlSpec,
+    trl_settings,
+)
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +233,24 @@ def test_eval_only_needs_the_systems_training_records(tmp_path: Path) -> None:
     from benchmarks.learning_vs_trl import main
 
     assert main(["--eval-only", "--run-dir", str(tmp_path), "--only", "trl"]) == 1
+
+
+# ---- the tasks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_holds_out_200_problems_none_of_them_trainable(name: str) -> None:
+    task = Task.load(TASKS[name])
+    assert len(task.held_out) == 200 == task.disjointness.eval_problems
+    assert task.disjointness.overlap == 0 and task.disjointness.training_pool > 1000
+    train_keys = {task.key(e) for e in task.train}
+    assert not train_keys & {task.key(e) for e in task.held_out}
+
+
+def test_the_second_task_is_three_terms_with_the_same_prompt_shape() -> None:
+    first, second = Task.load(TASKS["sums"]), Task.load(TASKS["three_sums"])
+    entry = second.held_out[0]
+    assert entry["question"].count("+") == 2 and "+" in first.held_out[0]["question"]
+    assert second.reward(f"<answer>{entry['answer']}</answer>", entry) == 1.5  # right + format
+    assert second.reward("<answer>-1</answer>", entry) == 0.5
+    assert len(second.prompt(entry)) == len(first.prompt(first.held_out[0]))

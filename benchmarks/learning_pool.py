@@ -1,0 +1,186 @@
+"""Tables and plots over several ``learning_vs_trl.py`` runs: per task and seed, and pooled.
+
+Each run folder holds one subfolder per task with its ``summary.json`` and per-problem grades
+(``eval/<label>.jsonl``). Per task and seed: each system's held-out strict accuracy before and
+after, its gain with a 95 % bootstrap interval over problems, ours - TRL (the per-problem
+difference of the two gains), and the minutes ours took to reach TRL's final strict accuracy
+(the first snapshot at or above it). Pooled over seeds: the same differences over every
+(seed, problem) pair, resampled within each seed.
+
+    python benchmarks/learning_pool.py runs/learning-vs-trl-A runs/learning-vs-trl-B ... \\
+        --out docs/learning-vs-trl/2026-11-27
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
+
+SYSTEMS = ("ours", "trl")
+
+
+def grades_of(run_dir: Path, label: str, grade: str = "strict") -> list[bool]:
+    """One bool per held-out problem, in task order, from ``eval/<label>.jsonl``."""
+    rows = (run_dir / "eval" / f"{label}.jsonl").read_text().splitlines()
+    return [bool(json.loads(row)[grade]) for row in rows]
+
+
+def minutes_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
+    """Minutes of the first snapshot whose strict accuracy is at least ``target``."""
+    for point in curve:
+        if point["strict"] >= target:
+            return float(point["minutes"])
+    return None
+
+
+def stratified_bootstrap(groups: list[list[float]], resamples: int = 10_000) -> Interval:
+    """Mean over every value of ``groups`` with a 95 % interval, each group (a seed)
+    resampled within itself so every resample keeps each seed's share."""
+    rng = np.random.default_rng(0)
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups]  # each (N_seed,)
+    total = sum(len(a) for a in arrays)
+    means = np.zeros(resamples)
+    for values in arrays:
+        picks = rng.integers(0, len(values), size=(resamples, len(values)))
+        means += values[picks].sum(axis=1)
+    means /= total
+    low, high = np.quantile(means, [0.025, 0.975])
+    estimate = float(np.concatenate(arrays).mean())
+    return Interval(estimate, float(low), float(high), 0.95)
+
+
+def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one task and seed (both systems must have run)."""
+    run_dir = Path(summary["run_dir"])
+    base = grades_of(run_dir, "base")
+    finals = {s: summary["systems"][s]["curve"][-1] for s in SYSTEMS}
+    after = {s: grades_of(run_dir, finals[s]["label"]) for s in SYSTEMS}
+    trl_final = finals["trl"]["strict"]
+    return {
+        "task": summary["task"],
+        "seed": summary["seed"],
+        "before": summary["base"]["strict"],
+        "after": {s: finals[s]["strict"] for s in SYSTEMS},
+        "gain": {s: bootstrap_mean(gains(base, after[s])) for s in SYSTEMS},
+        "steps": {s: summary["systems"][s]["training"]["steps"] for s in SYSTEMS},
+        "difference": gain_difference(base, after["ours"], after["trl"]),
+        "minutes_to_trl": minutes_to_reach(summary["systems"]["ours"]["curve"], trl_final),
+        "trl_minutes": float(finals["trl"]["minutes"]),
+    }
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def _points(interval: Interval) -> str:
+    return f"{100 * interval.estimate:+.1f} [{100 * interval.low:+.1f}, {100 * interval.high:+.1f}]"
+
+
+def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
+    """Per task and seed, then pooled per task (when a task has several seeds)."""
+    rows = [seed_row(s) for s in summaries if set(SYSTEMS) <= set(s["systems"])]
+    if not rows:
+        return f"{title}: no task with both systems"
+    lines = [
+        f"learning_vs_trl, {title}: held-out strict accuracy (greedy), 95 % bootstrap intervals",
+        "",
+        "| task | seed | steps ours / TRL | before | ours after (gain) | TRL after (gain) "
+        "| ours - TRL | ours reaches TRL's final at |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_task[row["task"]].append(row)
+        reach = row["minutes_to_trl"]
+        reached = f"{reach:.1f} min of {row['trl_minutes']:.1f}" if reach is not None else "not"
+        lines.append(
+            f"| {row['task']} | {row['seed']} | {row['steps']['ours']} / {row['steps']['trl']} "
+            f"| {_pct(row['before'])} | {_pct(row['after']['ours'])} "
+            f"({_points(row['gain']['ours'])}) | {_pct(row['after']['trl'])} "
+            f"({_points(row['gain']['trl'])}) | {_points(bootstrap_mean(row['difference']))} "
+            f"| {reached} |"
+        )
+    for task, task_rows in by_task.items():
+        if len(task_rows) < 2:
+            continue
+        pooled = stratified_bootstrap([r["difference"] for r in task_rows])
+        worst = min(bootstrap_mean(r["difference"]).estimate for r in task_rows)
+        lines.append("")
+        lines.append(
+            f"{task}, pooled over seeds {sorted(r['seed'] for r in task_rows)}: ours - TRL "
+            f"strict gain {_points(pooled)} points (resampled within each seed); lowest "
+            f"seed {100 * worst:+.1f}"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(summaries: list[dict[str, Any]], path: Path) -> None:
+    """Held-out strict accuracy against minutes, one panel per task, every seed and system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({s["task"] for s in summaries})
+    figure, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    colors = {"ours": "tab:blue", "trl": "tab:orange"}
+    for axis, task in zip(axes[0], tasks, strict=True):
+        for summary in (s for s in summaries if s["task"] == task):
+            for system, record in summary["systems"].items():
+                xs = [0.0] + [p["minutes"] for p in record["curve"]]
+                ys = [100 * summary["base"]["strict"]] + [
+                    100 * p["strict"] for p in record["curve"]
+                ]
+                axis.plot(xs, ys, marker="o", color=colors.get(system),
+                          alpha=0.8, label=f"{system} seed {summary['seed']}")  # fmt: skip
+        axis.set_title(f"{task}: held-out strict accuracy")
+        axis.set_xlabel("wall-clock minutes of training")
+        axis.set_ylabel("%")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def load_summaries(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    found = []
+    for run_dir in run_dirs:
+        for path in sorted(run_dir.glob("*/summary.json")):
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="learning_vs_trl.py run folders")
+    parser.add_argument("--out", type=Path, default=None, help="Write <out>.txt and <out>.png")
+    args = parser.parse_args(argv)
+    summaries = load_summaries(args.runs)
+    if not summaries:
+        print(f"no <task>/summary.json under {', '.join(map(str, args.runs))}")
+        return 1
+    seeds = sorted({s["seed"] for s in summaries})
+    table = pooled_table(summaries, f"seeds {seeds}")
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".txt").write_text(table + "\n")
+        plot_curves(summaries, args.out.with_suffix(".png"))
+        print(f"wrote {args.out.with_suffix('.txt')} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
