@@ -233,8 +233,10 @@ def run_way(
 def report(results: list[WayResult]) -> str:
     base = next((r for r in results if r.way == "disk"), results[0])
     lines = [
+        "step s: median time between decode steps outside the pushes; added s: the longest "
+        "stall less one such step (what a push added)",
         f"{'way':<6} {'blocked s':>10} {'x disk':>7} {'idle s (max)':>13} {'idle mean':>10} "
-        f"{'step s':>7} {'added s':>8} {'tok/s':>7} {'x disk':>7}"
+        f"{'step s':>7} {'added s':>8} {'tok/s':>7} {'x disk':>7}",
     ]
     for r in results:
         blocked, idle = statistics.median(r.blocked_s), statistics.mean(r.idle_s)
@@ -244,8 +246,6 @@ def report(results: list[WayResult]) -> str:
             f"{max(0.0, max(r.idle_s) - r.step_s):>8.2f} {r.tokens_per_s:>7.1f} "
             f"{r.tokens_per_s / max(base.tokens_per_s, 1e-9):>7.2f}"
         )
-    lines.append("step s: median time between decode steps outside the pushes; added s: the "
-                 "longest stall less one such step (what a push added)")  # fmt: skip
     return "\n".join(lines)
 
 

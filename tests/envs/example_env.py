@@ -42,9 +42,7 @@ class AdditionEnv(BaseEnv):
         self.evaluated = 0
 
     async def get_next_item(self) -> Item:
-        # EXAMPLE_ANSWER_RANGE=k: answers below k * group_size, so some groups score all 0
-        answers = self.config.group_size * int(os.environ.get("EXAMPLE_ANSWER_RANGE", "1"))
-        a = self.rng.randrange(answers)
+        a = self.rng.randrange(self.config.group_size)
         return {"question": f"What is {a}+0?", "answer": str(a)}
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from envs_testlib import Process, child_env, env_command, pull_batches, register_trainer
+from envs_testlib import HERE, Process, child_env, env_command, pull_batches, register_trainer
 
 
 @pytest.mark.slow
@@ -64,8 +64,9 @@ def test_serve_writes_groups_without_signal_to_its_file_as_dropped_and_never_sen
             "--env.total_steps=3",
             "--env.ensure_scores_are_not_same=true",
             f"--env.data_path_to_save_groups={dump}",
+            script=HERE / "half_signal_env.py",  # half the items have no right reply
         ),
-        env=child_env(EXAMPLE_ANSWER_RANGE="2"),  # half the items have no right reply
+        env=child_env(),
         stdout=(tmp_path / "env.log").open("wb"),
         stderr=subprocess.STDOUT,
         cwd=tmp_path,
