@@ -16,7 +16,7 @@ from atroposlib.errors import ConfigError
 from atroposlib.launcher import Component
 
 if TYPE_CHECKING:
-    from atroposlib.localrun.components import RunLayout
+    from atroposlib.localrun.layout import RunLayout
     from atroposlib.localrun.settings import LocalRunSettings
 
 VLLM_VERSION = "0.32.0"

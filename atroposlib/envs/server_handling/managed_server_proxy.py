@@ -19,9 +19,11 @@ environment reads with ``GET /{id}/nodes`` to score and train on. Routes (Atropo
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 import uuid as uuid_lib
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -30,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.proxy_cli import load_servers_file
 from atroposlib.envs.server_handling.proxy_protocol import (
     ChatCompletionProxyRequest,
     ChatMessage,
@@ -112,13 +115,17 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(Exception, _unexpected)
+    _add_service_routes(app, table, model_name)
+    _add_session_routes(app, table, tokenizer, model_name, settings)
+    return app
 
-    def session_or_404(session_id: str) -> ProxySession:
-        session = table.get(session_id)
-        if session is None:
-            raise HTTPException(404, f"session: no open session {session_id[:80]!r}")
-        session.touch()
-        return session
+
+def _model_list(model_name: str) -> ModelListResponse:
+    return ModelListResponse(data=[ModelEntry(id=model_name, created=int(time.time()))])
+
+
+def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> None:
+    """The routes about the proxy itself: health, models, servers, open sessions."""
 
     @app.get("/health")
     async def health() -> ProxyHealth:
@@ -129,12 +136,35 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> ModelListResponse:
-        return ModelListResponse(data=[ModelEntry(id=model_name, created=int(time.time()))])
+        return _model_list(model_name)
 
     @app.get("/servers")
     async def servers() -> ServerList:
         return ServerList(servers=[_server_info(i, s, model_name) for i, s in
                                    enumerate(table.servers)])  # fmt: skip
+
+    @app.get("/sessions")
+    async def list_sessions() -> SessionList:
+        return SessionList(sessions=[
+            SessionInfo(uuid=s.uuid, model_name=s.model_name, base_url=s.base_url,
+                        created_at=s.created_at, last_accessed=s.last_accessed,
+                        num_nodes=len(s.recorder.nodes))
+            for s in table.sessions()
+        ])  # fmt: skip
+
+
+def _open_session(table: SessionTable, session_id: str) -> ProxySession:
+    session = table.get(session_id)
+    if session is None:
+        raise HTTPException(404, f"session: no open session {session_id[:80]!r}")
+    session.touch()
+    return session
+
+
+def _add_session_routes(
+    app: FastAPI, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
+) -> None:
+    """Creating a session and everything under ``/{session_id}``."""
 
     @app.post("/sessions/create")
     async def create_session(body: SessionCreateRequest) -> SessionCreateResponse:
@@ -162,20 +192,11 @@ def create_app(
                                      tool_parser=session.tool_parser, base_url=session.base_url,
                                      created_at=session.created_at)  # fmt: skip
 
-    @app.get("/sessions")
-    async def list_sessions() -> SessionList:
-        return SessionList(sessions=[
-            SessionInfo(uuid=s.uuid, model_name=s.model_name, base_url=s.base_url,
-                        created_at=s.created_at, last_accessed=s.last_accessed,
-                        num_nodes=len(s.recorder.nodes))
-            for s in table.sessions()
-        ])  # fmt: skip
-
     @app.post("/{session_id}/v1/chat/completions")
     async def chat_completions(
         session_id: str, body: ChatCompletionProxyRequest
     ) -> ProxyChatCompletion:
-        session = session_or_404(session_id)
+        session = _open_session(table, session_id)
         try:
             choices = await session.complete(body, settings.default_max_tokens)
         except TemplateRenderError as exc:
@@ -192,7 +213,7 @@ def create_app(
 
     @app.post("/{session_id}/v1/chat/completions/render")
     async def render(session_id: str, body: ChatCompletionProxyRequest) -> RenderResponse:
-        session = session_or_404(session_id)
+        session = _open_session(table, session_id)
         try:
             prompt, ids = session.render(body)
         except TemplateRenderError as exc:
@@ -201,12 +222,12 @@ def create_app(
 
     @app.get("/{session_id}/v1/models")
     async def session_models(session_id: str) -> ModelListResponse:
-        session_or_404(session_id)
-        return await models()
+        _open_session(table, session_id)
+        return _model_list(model_name)
 
     @app.get("/{session_id}/nodes")
     async def nodes(session_id: str) -> NodesResponse:
-        return NodesResponse(nodes=session_or_404(session_id).nodes)
+        return NodesResponse(nodes=_open_session(table, session_id).nodes)
 
     @app.delete("/{session_id}")
     async def delete_session(session_id: str) -> DeletedResponse:
@@ -214,8 +235,6 @@ def create_app(
         if session is None:
             raise HTTPException(404, f"session: no open session {session_id[:80]!r}")
         return DeletedResponse(uuid=session.uuid)
-
-    return app
 
 
 def _server_info(index: int, server: Any, model_name: str) -> ServerInfo:
@@ -282,9 +301,31 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atroposlib.envs.server_handling.proxy_cli import run
+    """The proxy as a command: ``--config servers.json`` (its format: :mod:`proxy_cli`)."""
+    parser = argparse.ArgumentParser(description="OpenAI-compatible managed-server proxy")
+    parser.add_argument("--config", type=Path, required=True, help="servers.json (see module)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0: all hosts)")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--max-sessions", type=int, default=ProxySettings().max_sessions)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-    run(argv)
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    servers = load_servers_file(args.config)
+    configs = servers.server_configs()
+    tokenizer = AutoTokenizer.from_pretrained(servers.tokenizer_name or servers.model_name)
+    app = create_app(
+        server_manager=ServerManager(configs),
+        tokenizer=tokenizer,
+        model_name=servers.model_name,
+        settings=ProxySettings(max_sessions=args.max_sessions),
+    )
+    for config in configs:
+        logger.info("backend %s (%s)", config.base_url, config.server_type)
+    logger.info("proxy for %s on http://%s:%d", servers.model_name, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":
