@@ -108,7 +108,7 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
     segment = -1 - np.arange(n_rows * width).reshape(n_rows, width)  # padding: one each
     tree_of = segment.copy()
     is_prefix = np.zeros((n_rows, width), bool)
-    prefix_at, suffix_at, shared = [], [], []  # flat (row-major) positions, per member
+    prefix_at, suffix_at, shared = [], [], []  # per member: flat (row-major) starts, S
     n_segments = n_trees = 0
     for r, row in enumerate(rows):
         offset = 0
@@ -133,12 +133,6 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
                 offset, n_segments = offset + n, n_segments + 1
             n_trees += 1
 
-    # (R, W, W), query x key: causal, and within one segment or onto the own tree's prefix
-    causal = np.tril(np.ones((width, width), bool))[None]
-    same_segment = segment[:, :, None] == segment[:, None, :]
-    own_prefix = is_prefix[:, None, :] & (tree_of[:, :, None] == tree_of[:, None, :])
-    allowed = causal & (same_segment | own_prefix)
-
     # (B, T-1): the flat position of token t of each member, the one that predicts t + 1
     t = np.arange(mb.targets.shape[1])[None, :]
     s_b = np.asarray(shared)[:, None]
@@ -161,6 +155,16 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
         temperature=torch.from_numpy(temps[keep].copy()),
         index=torch.from_numpy(index),
         kept=torch.from_numpy(rank[wanted]),
-        attention_mask=torch.from_numpy(allowed[:, None]),
+        attention_mask=torch.from_numpy(tree_attention(segment, tree_of, is_prefix)[:, None]),
     )
     return mb
+
+
+def tree_attention(segment: np.ndarray, tree_of: np.ndarray, is_prefix: np.ndarray) -> np.ndarray:
+    """(R, W, W) bool, query x key, True: may attend. Causal, and within one segment (a prefix,
+    a suffix, a padding position) or onto the query's own tree's prefix; each input is (R, W)."""
+    width = segment.shape[1]
+    causal = np.tril(np.ones((width, width), bool))[None]  # (1, W, W)
+    same_segment = segment[:, :, None] == segment[:, None, :]
+    own_prefix = is_prefix[:, None, :] & (tree_of[:, :, None] == tree_of[:, None, :])
+    return causal & (same_segment | own_prefix)
