@@ -193,8 +193,9 @@ class TrainerConfig(LayeredSettings):
         None,
         gt=0,
         description="packed, prefix_shared: tokens per row (default: the power of two >= the "
-        "batch's longest sequence or tree, at most max_token_len and micro_batch_tokens); the "
-        "attention cost grows with its square; rows share a micro-batch.",
+        "batch's longest sequence, at most max_token_len, or longest tree of a shared prompt "
+        "and its replies; at most micro_batch_tokens); the attention cost grows with its "
+        "square; rows share a micro-batch.",
     )
     trained_logits_only: bool = Field(
         True,

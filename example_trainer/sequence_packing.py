@@ -217,6 +217,8 @@ def micro_batch_plan(cfg: TrainerConfig, samples: Sequence[Sample]) -> MicroBatc
     lengths = [len(s.tokens) for s in samples]
     cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
     if cfg.micro_batching == "prefix_shared":
+        # a tree holds several sequences, each up to max_token_len: rows up to the budget
+        cap = min(cfg.pack_row_tokens or cfg.micro_batch_tokens, cfg.micro_batch_tokens)
         trees = plan_trees(samples, cap)
         sizes = [tree.tokens for tree in trees]
         row_tokens = cap if cfg.pack_row_tokens else row_length(sizes, cap)

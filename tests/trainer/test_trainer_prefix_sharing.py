@@ -257,3 +257,18 @@ def test_prefix_shared_refuses_what_it_cannot_compute(flags: list[str], fix: str
     argv = ["--model", "unused", "--micro-batching", "prefix_shared", *flags]
     with pytest.raises(ConfigError, match=fix):
         load_config(argv)
+
+
+def test_a_group_longer_than_max_token_len_still_shares_one_prompt() -> None:
+    """Each sequence fits max_token_len, their tree does not: the tree's row is bounded by the
+    micro-batch budget, not by max_token_len (the demo's shape: 4 replies to a 40-token prompt
+    with max_token_len 64)."""
+    rng = np.random.default_rng(3)
+    group = make_group(rng, [0.0, 1.0, 1.0, 0.0], 40, [12, 12, 12, 12], True)
+    samples, _, _ = batch_to_samples([group], LossConfig())
+    argv = ["--model", "unused", "--max-token-len", "64", "--micro-batch-tokens", "256",
+            "--micro-batching", "prefix_shared"]  # fmt: skip
+    plan = micro_batch_plan(load_config(argv, loss=LossConfig()), samples)
+    (tree,) = [item for entry in plan.entries for row in entry for item in row]
+    assert tree.prefix == 40 and len(tree.members) == 4
+    assert plan.tokens == 40 + 4 * 12
