@@ -11,13 +11,22 @@ sequence lengths. Every mode has the same micro-batch token budget:
   micro-batch), position_ids restarting per sequence, block-diagonal attention; logits and
   log-softmax at every position, as the padded modes (the gain from less padding alone);
 - packed_trained_logits: packed, and the vocabulary projection + log-softmax only at trained
-  positions (the trainer's default; prompts are never trained).
+  positions (the trainer's default; prompts are never trained);
+- prefix_shared: packed_trained_logits, but the replies to one prompt follow a single computed
+  copy of it (example_trainer/prefix_sharing.py: trees of prefix + suffixes in the rows, a
+  custom attention mask).
+
+``--shape long-tail`` (default): prompts of 40-120 tokens, long-tailed replies of 16-448;
+``--shape grpo``: prompts of 150-200 tokens, replies of 40-60, as a GRPO math env sends them.
+Every batch is groups of 4 replies to one prompt. "computed" counts the positions the forward
+runs (rows x widest row, padding included; a shared prompt once).
 
 Each mode runs in its own process (clean peak memory); the first step's loss must match
 naive's. Wall-clock tokens/s is what a user sees; tokens per CPU second is also printed
 because on a shared machine other processes skew wall-clock time between runs.
 
     python benchmarks/trainer_step.py [--seqs 32] [--budget 1024] [--steps 1] [--repeat 1]
+        [--shape long-tail|grpo] [--modes naive,packed_trained_logits,prefix_shared]
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from example_trainer.data import (
     plan_microbatches,
 )
 from example_trainer.loss import LossInputs, grpo_loss
+from example_trainer.prefix_sharing import collate_trees, plan_trees
 from example_trainer.sequence_packing import (
     collate_packed,
     model_logprobs,
@@ -54,18 +64,21 @@ from example_trainer.sequence_packing import (
     row_length,
 )
 
-MODES = ("naive", "bucketed", "packed", "packed_trained_logits")
+MODES = ("naive", "bucketed", "packed", "packed_trained_logits", "prefix_shared")
 
 
-def make_groups(n_seqs: int, group_size: int, seed: int) -> list[dict]:
-    """Prompts of 40-120 tokens; completions long-tailed (lognormal, 16-448 tokens)."""
+def make_groups(n_seqs: int, group_size: int, seed: int, shape: str = "long-tail") -> list[dict]:
+    """Groups of replies to one prompt each. long-tail: prompts of 40-120 tokens, replies
+    lognormal (16-448 tokens); grpo: prompts of 150-200 tokens, replies of 40-60."""
     rng = np.random.default_rng(seed)
+    grpo = shape == "grpo"
     groups = []
     for _ in range(n_seqs // group_size):
-        prompt = rng.integers(100, 40000, size=int(rng.integers(40, 120)))
+        prompt_len = int(rng.integers(150, 201) if grpo else rng.integers(40, 120))
+        prompt = rng.integers(100, 40000, size=prompt_len)
         tokens, masks = [], []
         for _ in range(group_size):
-            n = int(np.clip(rng.lognormal(4.3, 0.8), 16, 448))
+            n = int(rng.integers(40, 61) if grpo else np.clip(rng.lognormal(4.3, 0.8), 16, 448))
             t = np.concatenate([prompt, rng.integers(100, 40000, size=n)]).astype(np.int32)
             m = t.copy()
             m[: len(prompt)] = -100
@@ -89,12 +102,20 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     cfg = LossConfig()
-    samples, _, _ = batch_to_samples(make_groups(args.seqs, 4, args.seed), cfg)
+    samples, _, _ = batch_to_samples(make_groups(args.seqs, 4, args.seed, args.shape), cfg)
     totals = batch_totals(samples)
     lengths = [len(s.tokens) for s in samples]
     packed = mode.startswith("packed")
     plan: list[Any]
-    if packed:
+    if mode == "prefix_shared":
+        trees = plan_trees(samples, args.budget)
+        sizes = [tree.tokens for tree in trees]
+        tree_rows = plan_packed(
+            sizes, args.row_tokens or row_length(sizes, args.budget), args.budget
+        )
+        plan = [[[trees[k] for k in row] for row in mb] for mb in tree_rows]
+        padded = sum(packed_costs(tree_rows, sizes))
+    elif packed:
         row_tokens = args.row_tokens or row_length(lengths, args.budget)
         plan = plan_packed(lengths, row_tokens, args.budget)
         padded = sum(packed_costs(plan, lengths))
@@ -102,10 +123,13 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
         plan = plan_microbatches(lengths, args.budget, bucket=(mode == "bucketed"))
         padded = padded_tokens(plan, lengths) if mode == "bucketed" else len(lengths) * max(lengths)
     losses, times, cpu_times = [], [], []
+    entry: Any  # a micro-batch: rows of trees, rows of sequence indices, or indices
     for _ in range(args.steps):
         start, cpu_start, loss_sum = time.perf_counter(), time.process_time(), 0.0
         for entry in plan:
-            if packed:  # entry: rows of sequence indices
+            if mode == "prefix_shared":  # entry: rows of trees
+                mb = collate_trees(entry, samples)
+            elif packed:  # entry: rows of sequence indices
                 rows = [[samples[i] for i in row] for row in entry]
                 mb = collate_packed(rows, trained_only=(mode == "packed_trained_logits"))
             else:
@@ -127,6 +151,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
         "mode": mode,
         "micro_batches": len(plan),
         "tokens": sum(lengths),
+        "trained_tokens": totals.tokens,
         "padded_tokens": padded,
         "step_s": step_s,
         "tokens_per_s": sum(lengths) / step_s,
@@ -151,6 +176,13 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--shape",
+        choices=("long-tail", "grpo"),
+        default="long-tail",
+        help="long-tail: prompts 40-120, replies 16-448 tokens; grpo: prompts 150-200, "
+        "replies 40-60 (groups of 4 either way)",
+    )
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per mode (interleaved); the fastest is kept"
     )
@@ -182,15 +214,16 @@ def main() -> None:
     load_after = os.getloadavg()
     n = results["naive"]
     print(f"load average (1/5/15 min) before {load_before}, after {load_after}")
-    head = f"{'mode':<22}{'micro-batches':>14}{'tokens':>8}{'padded':>8}{'step s':>8}"
+    print(f"trained tokens per step: {n['trained_tokens']}")
+    head = f"{'mode':<22}{'micro-batches':>14}{'tokens':>8}{'computed':>9}{'step s':>8}"
     print(head + f"{'tokens/s':>10}{'CPU s':>8}{'tokens/CPU s':>14}{'peak RSS GB':>13}  loss")
     for r in results.values():
         print(
-            f"{r['mode']:<22}{r['micro_batches']:>14}{r['tokens']:>8}{r['padded_tokens']:>8}"
+            f"{r['mode']:<22}{r['micro_batches']:>14}{r['tokens']:>8}{r['padded_tokens']:>9}"
             f"{r['step_s']:>8.1f}{r['tokens_per_s']:>10.1f}{r['cpu_s']:>8.1f}"
             f"{r['tokens_per_cpu_s']:>14.1f}{r['peak_rss_gb']:>13.2f}  {r['losses'][0]:.8f}"
         )
-    print(f"{'vs naive':<22}{'tokens/s (wall)':>16}{'tokens/CPU s':>14}{'padded':>8}"
+    print(f"{'vs naive':<22}{'tokens/s (wall)':>16}{'tokens/CPU s':>14}{'computed':>9}"
           f"{'peak RSS':>10}{'loss |diff|':>13}")  # fmt: skip
     for r in results.values():
         if r is n:
@@ -198,7 +231,7 @@ def main() -> None:
         print(
             f"{r['mode']:<22}{r['tokens_per_s'] / n['tokens_per_s']:>15.2f}x"
             f"{r['tokens_per_cpu_s'] / n['tokens_per_cpu_s']:>13.2f}x"
-            f"{n['padded_tokens'] / r['padded_tokens']:>7.2f}x"
+            f"{n['padded_tokens'] / r['padded_tokens']:>8.2f}x"
             f"{r['peak_rss_gb'] / n['peak_rss_gb']:>9.2f}x"
             f"{abs(r['losses'][0] - n['losses'][0]):>13.1e}"
         )

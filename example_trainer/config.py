@@ -182,23 +182,25 @@ class TrainerConfig(LayeredSettings):
         description="Tokens per micro-batch (forward/backward unit): rows x longest row, "
         "packed or bucketed.",
     )
-    micro_batching: Literal["packed", "bucketed"] = Field(
+    micro_batching: Literal["packed", "prefix_shared", "bucketed"] = Field(
         "packed",
         description="packed: whole sequences back to back in rows (block-diagonal "
-        "attention, almost no padding); bucketed: one sequence per row, rows of similar "
-        "length padded to the longest.",
+        "attention, almost no padding); prefix_shared: packed, but sequences sharing a prompt "
+        "(a group's replies) compute it once, for groups with long prompts; bucketed: one "
+        "sequence per row, rows of similar length padded to the longest.",
     )
     pack_row_tokens: int | None = Field(
         None,
         gt=0,
-        description="packed: tokens per packed row (default: the power of two >= the "
-        "batch's longest sequence, at most max_token_len and micro_batch_tokens); the "
-        "attention cost grows with its square; rows share a micro-batch.",
+        description="packed, prefix_shared: tokens per row (default: the power of two >= the "
+        "batch's longest sequence, at most max_token_len, or longest tree of a shared prompt "
+        "and its replies; at most micro_batch_tokens); the attention cost grows with its "
+        "square; rows share a micro-batch.",
     )
     trained_logits_only: bool = Field(
         True,
         description="packed: compute the vocabulary projection and log-softmax only at "
-        "trained positions (prompts never are); the loss is the same.",
+        "trained positions (prompts never are); the loss is the same. prefix_shared needs it.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
@@ -333,10 +335,17 @@ class TrainerConfig(LayeredSettings):
                 f"{self.max_token_len}, so the longest sequence cannot fit a micro-batch; raise "
                 "--micro-batch-tokens to at least max_token_len"
             )
-        if self.loss.distill_coef > 0 and self.micro_batching == "packed":
+        if self.loss.distill_coef > 0 and self.micro_batching != "bucketed":
             raise ValueError(
                 "the distillation loss reads the student's whole vocabulary at each position, "
-                "which packed micro-batches do not compute; set --micro-batching bucketed"
+                f"which {self.micro_batching} micro-batches do not compute; set "
+                "--micro-batching bucketed"
+            )
+        if self.micro_batching == "prefix_shared" and not self.trained_logits_only:
+            raise ValueError(
+                "prefix_shared computes logits only at trained positions (a shared prompt's "
+                "last position serves every reply); leave --trained-logits-only on or set "
+                "--micro-batching packed"
             )
         if self.warmup_steps >= self.num_steps and self.warmup_steps > 0:
             raise ValueError("warmup_steps must be below num_steps; lower --warmup-steps")

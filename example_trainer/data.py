@@ -305,20 +305,24 @@ def shard_plan(plan: Sequence[T], costs: Sequence[int], world_size: int, rank: i
 
 @dataclass
 class PackedRows:
-    """A micro-batch's sequences back to back in R rows of W tokens (sequence_packing.py).
+    """A micro-batch's sequences in R rows of W tokens (sequence_packing.py, prefix_sharing.py).
 
-    The k-th scored position (row-major) predicts ``targets[k]`` at ``temperature[k]``;
-    ``index`` maps the padded next-token layout (B, T-1) of MicroBatch to those k, and
-    positions that are never trained (padding, the last token of each sequence, with
-    ``scored`` set the prompts too) to k = K, a filler.
+    Entry e predicts ``targets[e]`` at ``temperature[e]`` from the logits of the
+    ``kept[e]``-th scored position (row-major; without ``kept``, entry k is the k-th scored
+    position, E = K). ``index`` maps the padded next-token layout (B, T-1) of MicroBatch to
+    those e, and positions that are never trained (padding, the last token of each sequence,
+    with ``scored`` set the prompts too) to e = E, a filler.
     """
 
     input_ids: Tensor  # (R, W)
     position_ids: Tensor  # (R, W), restarting at 0 for each sequence (and the row's padding)
     scored: Tensor | None  # (R, W) bool: positions whose logits are computed; None: all (K=R*W)
-    targets: Tensor  # (K,)
-    temperature: Tensor  # (K,)
-    index: Tensor  # (B, T-1) into [0, K]
+    targets: Tensor  # (E,)
+    temperature: Tensor  # (E,)
+    index: Tensor  # (B, T-1) into [0, E]
+    kept: Tensor | None = None  # (E,) into [0, K): one position can predict several entries
+    attention_mask: Tensor | None = None  # (R, 1, W, W) bool, True: may attend; None: from
+    # the restarting position_ids (block-diagonal causal)
 
 
 @dataclass

@@ -17,18 +17,23 @@ token of the next one; it is never gathered, so never trained (in the padded lay
 no target either). With ``trained_only`` the vocabulary projection and log-softmax run only
 at trained positions (``logits_to_keep``): every loss term and metric is masked to trained
 tokens, so the loss does not change.
+
+``micro_batching: prefix_shared`` lays out trees of sequences sharing a prompt instead
+(prefix_sharing.py) and plans them here with the same row planner.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from example_trainer.checkpoint import unwrap
 from example_trainer.config import TrainerConfig
 from example_trainer.data import (
     MicroBatch,
@@ -39,6 +44,7 @@ from example_trainer.data import (
     plan_microbatches,
 )
 from example_trainer.loss import token_logprobs
+from example_trainer.prefix_sharing import Tree, collate_trees, plan_trees
 
 logger = logging.getLogger(__name__)
 
@@ -162,32 +168,76 @@ def model_logprobs(model: Any, mb: MicroBatch, entropy_grad: bool = False) -> tu
     out = model(
         input_ids=p.input_ids,
         position_ids=p.position_ids,
-        attention_mask=None,  # block-diagonal causal mask from the restarting position_ids
+        attention_mask=attention_mask(model, p.attention_mask),
         use_cache=False,
         logits_to_keep=0 if p.scored is None else p.scored,  # bool (R, W): (K, V) logits
     )
-    logits = out.logits.reshape(-1, 1, out.logits.shape[-1])  # (K, 1, V): own temperature each
-    logp, entropy = token_logprobs(logits, p.targets[:, None], p.temperature, entropy_grad)
+    logits = out.logits.reshape(-1, out.logits.shape[-1])  # (K, V)
+    if p.kept is not None:
+        logits = logits[p.kept]  # (E, V): a prefix's last position serves every member
+    logp, entropy = token_logprobs(  # (E, 1): each entry at its own temperature
+        logits[:, None], p.targets[:, None], p.temperature, entropy_grad
+    )
     filler = logp.new_zeros(1, 1)
     return torch.cat([logp, filler])[p.index, 0], torch.cat([entropy, filler])[p.index, 0]
+
+
+def attention_mask(model: Any, allowed: Tensor | None) -> Tensor | None:
+    """The (R, 1, W, W) mask as the model's attention takes it: SDPA a boolean one (True: may
+    attend), eager an additive one (transformers passes a 4-D mask through as it is)."""
+    if allowed is None:
+        return None  # block-diagonal causal mask from the restarting position_ids
+    implementation = getattr(unwrap(model).config, "_attn_implementation", "sdpa")
+    if implementation == "sdpa":
+        return allowed
+    if implementation == "eager":
+        blocked = torch.finfo(torch.float32).min
+        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, blocked)
+    raise ValueError(
+        f"micro_batching prefix_shared needs a custom attention mask, which attention "
+        f"implementation {implementation} does not take; load the model with sdpa or eager"
+    )
 
 
 # Dispatch on the trainer's micro_batching setting
 
 
-def micro_batch_plan(cfg: TrainerConfig, lengths: list[int]) -> tuple[list[Any], list[int]]:
-    """Micro-batches (packed: lists of rows of sequence indices) and the tokens each costs."""
+@dataclass
+class MicroBatchPlan:
+    """A step's micro-batches: sample indices (bucketed), rows of them (packed), rows of
+    trees (prefix_shared)."""
+
+    entries: list[Any]
+    costs: list[int]  # positions each micro-batch computes: rows x longest row
+    tokens: int  # tokens laid into the rows (a shared prefix once)
+
+
+def micro_batch_plan(cfg: TrainerConfig, samples: Sequence[Sample]) -> MicroBatchPlan:
+    """The micro-batches of a step's samples and the positions each computes."""
+    lengths = [len(s.tokens) for s in samples]
+    cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
+    if cfg.micro_batching == "prefix_shared":
+        # a tree holds several sequences, each up to max_token_len: rows up to the budget
+        cap = min(cfg.pack_row_tokens or cfg.micro_batch_tokens, cfg.micro_batch_tokens)
+        trees = plan_trees(samples, cap)
+        sizes = [tree.tokens for tree in trees]
+        row_tokens = cap if cfg.pack_row_tokens else row_length(sizes, cap)
+        rows = plan_packed(sizes, row_tokens, cfg.micro_batch_tokens)
+        entries = [[[trees[k] for k in row] for row in mb] for mb in rows]
+        return MicroBatchPlan(list(entries), packed_costs(rows, sizes), sum(sizes))
     if cfg.micro_batching == "packed":
-        cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
         row_tokens = cap if cfg.pack_row_tokens else row_length(lengths, cap)
         packed = plan_packed(lengths, row_tokens, cfg.micro_batch_tokens)
-        return list(packed), packed_costs(packed, lengths)
+        return MicroBatchPlan(list(packed), packed_costs(packed, lengths), sum(lengths))
     plan = plan_microbatches(lengths, cfg.micro_batch_tokens)
-    return list(plan), micro_batch_costs(plan, lengths)
+    return MicroBatchPlan(list(plan), micro_batch_costs(plan, lengths), sum(lengths))
 
 
 def micro_batch(cfg: TrainerConfig, samples: list[Sample], planned: Any) -> MicroBatch:
     """Tensors of one planned micro-batch; None: a dummy of sample 0 (masked by the caller)."""
+    if cfg.micro_batching == "prefix_shared":
+        alone = [[Tree(0, (0,), len(samples[0].tokens))]]
+        return collate_trees(planned if planned is not None else alone, samples)
     if cfg.micro_batching == "packed":
         rows = planned if planned is not None else [[0]]
         return collate_packed([[samples[i] for i in row] for row in rows], cfg.trained_logits_only)

@@ -9,7 +9,9 @@ truncated importance sampling, KL k1/k3, entropy bonus, aggregation) are LossCon
 see README.md. SFT rows (override ``sft``) are trained with plain NLL in the same step.
 
 Micro-batches are packed rows by default (example_trainer.sequence_packing: whole sequences back to
-back, block-diagonal attention, no padding) or length-bucketed padded rows.
+back, block-diagonal attention, no padding), packed trees of sequences sharing their prompt
+(example_trainer.prefix_sharing: each prompt computed once per group), or length-bucketed padded
+rows.
 
 Weights reach inference by disk reload, vLLM restart, LoRA hot-load, or the engines' native
 in-flight updates (``weight_sync`` embedded / vllm / sglang, see ``inflight/``); a push that
@@ -58,6 +60,7 @@ from example_trainer.data import batch_to_samples, batch_totals, shard_plan, ver
 from example_trainer.distributed import broadcast, grad_sync, init_distributed, shard_model
 from example_trainer.loss import LossInputs, grpo_loss
 from example_trainer.sequence_packing import (
+    MicroBatchPlan,
     micro_batch,
     micro_batch_plan,
     model_logprobs,
@@ -182,9 +185,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         # and every metric: no forward/backward for them (one kept if none is left, for DDP).
         samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
         lengths = [len(s.tokens) for s in samples]
-        plan, costs = micro_batch_plan(cfg, lengths)
-        mine = shard_plan(plan, costs, world, rank)
-        n_micro = max(len(shard_plan(plan, costs, world, r)) for r in range(world))
+        plan = micro_batch_plan(cfg, samples)
+        mine = shard_plan(plan.entries, plan.costs, world, rank)
+        n_micro = max(len(shard_plan(plan.entries, plan.costs, world, r)) for r in range(world))
 
         # ---- forward / backward over micro-batches, then one optimizer step ----------------
         sums = forward_backward(cfg, run, samples, mine, n_micro, totals, world, device)
@@ -203,7 +206,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/skipped": float(totals.tokens == 0),
             "train/data_wait_s": t_data,
             **loss_metrics(total),
-            **throughput_metrics(lengths, costs, time.perf_counter() - t0),
+            **throughput_metrics(lengths, plan, time.perf_counter() - t0),
             **data_metrics(stats, lags, step),
             "train/elapsed_s": time.monotonic() - run.started,
         }
@@ -411,12 +414,15 @@ def loss_metrics(total: dict[str, float]) -> dict[str, float]:
     }
 
 
-def throughput_metrics(lengths: list[int], costs: list[int], elapsed: float) -> dict[str, float]:
+def throughput_metrics(
+    lengths: list[int], plan: MicroBatchPlan, elapsed: float
+) -> dict[str, float]:
     seq_tokens = sum(lengths)
     return {
-        "train/computed_tokens": float(seq_tokens),  # through the model (this rank)
+        "train/computed_tokens": float(seq_tokens),  # the sequences' tokens (all ranks)
+        "train/forward_tokens": float(sum(plan.costs)),  # positions the forward computed
         "train/tokens_per_s": seq_tokens / elapsed,
-        "train/padding_frac": 1.0 - seq_tokens / max(1, sum(costs)),
+        "train/padding_frac": 1.0 - plan.tokens / max(1, sum(plan.costs)),
     }
 
 
@@ -541,7 +547,7 @@ def distill_inputs(model: nn.Module, mb: Any, cfg: TrainerConfig) -> dict[str, t
 def reference_logprobs(model: nn.Module, ref_model: nn.Module | None, mb: Any) -> torch.Tensor:
     """Reference logprobs (B, T-1): the frozen model, or the LoRA base with adapters off.
 
-    Same forward as the policy's (packed row or padded rows).
+    Same forward as the policy's (packed rows, prefix-shared trees or padded rows).
     """
     with torch.no_grad():
         if ref_model is not None:

@@ -353,10 +353,10 @@ def trainer_deltas(groups: list[dict[str, Any]], model: Any) -> tuple[float, dic
     samples, _, _ = batch_to_samples(groups, loss_cfg)
     samples = [s for s in samples if s.trained_tokens > 0]
     totals = batch_totals(samples)
-    plan, _ = micro_batch_plan(cfg, [len(s.tokens) for s in samples])
+    plan = micro_batch_plan(cfg, samples)
     worst, sums = 0.0, {"is_weight": 0.0, "rl_tokens": 0.0, "mismatch_kl": 0.0}
     with torch.no_grad():
-        for planned in plan:
+        for planned in plan.entries:
             mb = micro_batch(cfg, samples, planned)
             logp, entropy = model_logprobs(model, mb)
             trained = mb.mask > 0

@@ -12,6 +12,7 @@ import torch
 from trainer_helpers import ListClient, base_args, make_batch, state_dict_of
 
 from example_trainer.config import load_config
+from example_trainer.data import batch_to_samples
 from example_trainer.sequence_packing import micro_batch_plan
 from example_trainer.train import train
 
@@ -37,8 +38,8 @@ def test_two_processes_match_one_process(
     cfg = load_config(args)
     assert cfg.micro_batching == "packed"  # the default is what runs under torchrun too
     for step in (1, 2):
-        lengths = [len(t) for g in make_batch(seed=200 + step) for t in g["tokens"]]
-        assert len(micro_batch_plan(cfg, lengths)[0]) == 3
+        samples = batch_to_samples(make_batch(seed=200 + step), cfg.loss)[0]
+        assert len(micro_batch_plan(cfg, samples).entries) == 3
     train(cfg, ListClient(lambda step: make_batch(seed=200 + step)))
     multi = tmp_path / parallel
     torchrun(subprocess_env, str(tiny_model), str(multi), "2", "--parallel", parallel, *three_rows)

@@ -88,6 +88,33 @@ def test_packed_and_bucketed_micro_batches_make_the_same_update(
     print(f"largest difference: {worst:.3f} of its bound")
 
 
+def test_prefix_shared_and_packed_micro_batches_make_the_same_update(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    batch = [  # groups of replies to one prompt each, as an env samples them
+        make_group(rng, [0.0, 1.0, 1.0, 0.5], 12, rng.integers(3, 14, 4).tolist(), True)
+        for _ in range(2)
+    ]
+    rows, states = [], []
+    for mode in ("packed", "prefix_shared"):
+        save = tmp_path / mode
+        args = base_args(tiny_model, save, "--num-steps", "1", "--micro-batching", mode)
+        cfg = load_config([*args, "--loss.kl-coef", "0.1"])  # the reference forward too
+        rows.append(train(cfg, ListClient(fixed(batch)))[0])
+        states.append(state_dict_of(save / "step-1"))
+    packed, shared = rows
+    assert shared["train/loss"] == pytest.approx(packed["train/loss"], abs=1e-6)
+    assert shared["train/entropy"] == pytest.approx(packed["train/entropy"], rel=1e-5)
+    assert shared["train/forward_tokens"] < 0.8 * packed["train/forward_tokens"]
+    assert 0 <= shared["train/padding_frac"] < 0.5
+    start, grad_error = state_dict_of(tiny_model), gradient_error(packed, tiny_model)
+    worst = assert_same_first_adamw_step(start, states[0], states[1], 1e-3, grad_error)
+    print(f"largest difference: {worst:.3f} of its bound")
+
+
 def test_resume_reproduces_the_next_step_exactly(tiny_model: Path, tmp_path: Path) -> None:
     batches = lambda step: make_batch(seed=100 + step)  # noqa: E731  (the broker's data by step)
     args = base_args(tiny_model, tmp_path / "a", "--num-steps", "3", "--save-interval", "1")

@@ -39,13 +39,18 @@ def make_group(
     scores: Sequence[float],
     prompt_len: int = 6,
     completion_lens: Sequence[int] | None = None,
+    shared_prompt: bool = False,
     **extra: Any,
 ) -> dict[str, Any]:
-    """One group shaped like a broker batch entry (numpy arrays, all keys present)."""
+    """One group shaped like a broker batch entry (numpy arrays, all keys present); with
+    ``shared_prompt`` every reply follows the same prompt, as an env's n samples do."""
     lens = completion_lens or [8] * len(scores)
+    prompt = rng.integers(1, VOCAB, size=prompt_len) if shared_prompt else None
     tokens, masks, inf = [], [], []
     for n in lens:
         t = rng.integers(1, VOCAB, size=prompt_len + n).astype(np.int32)
+        if prompt is not None:
+            t[:prompt_len] = prompt
         m = t.copy()
         m[:prompt_len] = -100
         tokens.append(t)
