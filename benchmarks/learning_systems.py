@@ -35,7 +35,7 @@ ENV_SCRIPT = REPO / "environments" / "reasoning_gym" / "env.py"
 ENV_CONFIG = REPO / "configs" / "local-cpu-env.yaml"
 TASKS = {
     "sums": ENV_CONFIG,
-    "three_sums": REPO / "configs" / "local-cpu-env-three-sums.yaml",
+    "three_sums": REPO / "configs" / "local-cpu-three-sums-env.yaml",
 }
 """The benchmark's tasks by name: the demo's (two numbers 0-100) and a harder one."""
 

@@ -29,7 +29,10 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 # Env YAMLs not named env-<name>.yaml say here which environment they configure.
-ENV_SCRIPT_OF = {"local-cpu-env.yaml": "environments/reasoning_gym/env.py"}
+ENV_SCRIPT_OF = {
+    "local-cpu-env.yaml": "environments/reasoning_gym/env.py",
+    "local-cpu-three-sums-env.yaml": "environments/reasoning_gym/env.py",
+}
 TRAINER_URLS = ["--inference-urls", '["http://placeholder:9000"]']  # the sbatch script adds them
 
 
