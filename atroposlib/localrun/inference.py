@@ -58,8 +58,7 @@ class EmbeddedInference:
             "inference",
             [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
              "--port", str(layout.inference_port), "--served-model-name", "default",
-             "--threads", str(settings.threads),
-             "--max-batch-size", str(settings.group_size * 2)],
+             "--threads", str(settings.threads)],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip
