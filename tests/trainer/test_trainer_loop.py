@@ -68,24 +68,32 @@ def test_micro_batching_does_not_change_the_update(tiny_model: Path, tmp_path: P
     assert max((sd_a[k] - start[k]).abs().max().item() for k in sd_a) > 5e-4
 
 
-def test_packed_and_bucketed_micro_batches_make_the_same_update(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    batch = make_batch(seed=2)
+def one_step_per_mode(
+    tiny_model: Path, tmp_path: Path, batch: list[dict[str, Any]], other: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One step on ``batch`` with packed micro-batches and with ``other``; asserts both made the
+    same first AdamW update (within the bound of their gradients' rounding) and returns the two
+    steps' metrics rows."""
     rows, states = [], []
-    for mode in ("packed", "bucketed"):
+    for mode in ("packed", other):
         save = tmp_path / mode
         args = base_args(tiny_model, save, "--num-steps", "1", "--micro-batching", mode)
         cfg = load_config([*args, "--loss.kl-coef", "0.1"])  # the reference forward too
         rows.append(train(cfg, ListClient(fixed(batch)))[0])
         states.append(state_dict_of(save / "step-1"))
-    packed, bucketed = rows
+    start, grad_error = state_dict_of(tiny_model), gradient_error(rows[0], tiny_model)
+    worst = assert_same_first_adamw_step(start, states[0], states[1], 1e-3, grad_error)
+    print(f"{other} vs packed, largest difference: {worst:.3f} of its bound")
+    return rows[0], rows[1]
+
+
+def test_packed_and_bucketed_micro_batches_make_the_same_update(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    packed, bucketed = one_step_per_mode(tiny_model, tmp_path, make_batch(seed=2), "bucketed")
     assert packed["train/loss"] == pytest.approx(bucketed["train/loss"], abs=1e-6)
     assert packed["train/entropy"] == pytest.approx(bucketed["train/entropy"], rel=1e-5)
     assert packed["train/padding_frac"] < bucketed["train/padding_frac"]
-    start, grad_error = state_dict_of(tiny_model), gradient_error(packed, tiny_model)
-    worst = assert_same_first_adamw_step(start, states[0], states[1], 1e-3, grad_error)
-    print(f"largest difference: {worst:.3f} of its bound")
 
 
 def test_prefix_shared_and_packed_micro_batches_make_the_same_update(
@@ -98,21 +106,11 @@ def test_prefix_shared_and_packed_micro_batches_make_the_same_update(
         make_group(rng, [0.0, 1.0, 1.0, 0.5], 12, rng.integers(3, 14, 4).tolist(), True)
         for _ in range(2)
     ]
-    rows, states = [], []
-    for mode in ("packed", "prefix_shared"):
-        save = tmp_path / mode
-        args = base_args(tiny_model, save, "--num-steps", "1", "--micro-batching", mode)
-        cfg = load_config([*args, "--loss.kl-coef", "0.1"])  # the reference forward too
-        rows.append(train(cfg, ListClient(fixed(batch)))[0])
-        states.append(state_dict_of(save / "step-1"))
-    packed, shared = rows
+    packed, shared = one_step_per_mode(tiny_model, tmp_path, batch, "prefix_shared")
     assert shared["train/loss"] == pytest.approx(packed["train/loss"], abs=1e-6)
     assert shared["train/entropy"] == pytest.approx(packed["train/entropy"], rel=1e-5)
     assert shared["train/forward_tokens"] < 0.8 * packed["train/forward_tokens"]
     assert 0 <= shared["train/padding_frac"] < 0.5
-    start, grad_error = state_dict_of(tiny_model), gradient_error(packed, tiny_model)
-    worst = assert_same_first_adamw_step(start, states[0], states[1], 1e-3, grad_error)
-    print(f"largest difference: {worst:.3f} of its bound")
 
 
 def test_resume_reproduces_the_next_step_exactly(tiny_model: Path, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from float_bounds import rounding_bound
-from trainer_helpers import make_group
+from trainer_helpers import MIXED_LOSSES, make_group
 
 from example_trainer.config import LossConfig
 from example_trainer.data import (
@@ -258,23 +258,9 @@ def one_step(model: Any, samples: list[Sample], mode: str, cfg: LossConfig) -> A
     return len(plan), loss_sum, metric_sums, grads
 
 
-CONFIGS = {
-    "gspo_seq_mean_kl_entropy": LossConfig(
-        ratio="sequence",
-        aggregation="seq_mean_token_mean",
-        behavior_logprobs="inference",
-        kl_coef=0.1,
-        entropy_coef=0.01,
-        clip_eps_low=0.5,
-        clip_eps_high=0.5,
-    ),
-    "token_tis_constant": LossConfig(is_correction="tis", aggregation="constant"),
-}
-
-
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", MIXED_LOSSES)
 def test_every_mode_gives_the_same_loss_and_gradients(tiny_model: Path, name: str) -> None:
-    cfg = CONFIGS[name]
+    cfg = MIXED_LOSSES[name]
     model = load(tiny_model)
     samples = mixed_samples(cfg)
     assert {s.sft for s in samples} == {True, False}

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from trainer_helpers import VOCAB, make_group
+from trainer_helpers import MIXED_LOSSES, VOCAB, make_group
 
 from atroposlib.errors import ConfigError
 from example_trainer.config import LossConfig, TrainerConfig, load_config
@@ -196,23 +196,9 @@ def one_step(model: Any, cfg: TrainerConfig, samples: list[Sample]) -> dict[str,
     return {"plan": plan, "logp": logps, "loss": loss_sum, "metrics": metric_sums, "grads": grads}
 
 
-LOSSES = {
-    "gspo_seq_mean_kl_entropy": LossConfig(
-        ratio="sequence",
-        aggregation="seq_mean_token_mean",
-        behavior_logprobs="inference",
-        kl_coef=0.1,
-        entropy_coef=0.01,
-        clip_eps_low=0.5,
-        clip_eps_high=0.5,
-    ),
-    "token_tis_constant": LossConfig(is_correction="tis", aggregation="constant"),
-}
-
-
-@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("name", MIXED_LOSSES)
 def test_prefix_shared_gives_the_loss_and_gradients_of_packed(tiny_model: Path, name: str) -> None:
-    loss = LOSSES[name]
+    loss = MIXED_LOSSES[name]
     model = load(tiny_model)
     samples = samples_of(loss)
     assert {s.sft for s in samples} == {True, False} and len({s.temperature for s in samples}) >= 3

@@ -11,9 +11,24 @@ import numpy as np
 import torch
 
 from atroposlib.protocol import TrainerRegistration
+from example_trainer.config import LossConfig
 
 VOCAB = 256
 FAKE_SERVER = Path(__file__).parent / "fake_inference_server.py"
+MIXED_LOSSES = {
+    "gspo_seq_mean_kl_entropy": LossConfig(
+        ratio="sequence",
+        aggregation="seq_mean_token_mean",
+        behavior_logprobs="inference",
+        kl_coef=0.1,
+        entropy_coef=0.01,
+        clip_eps_low=0.5,
+        clip_eps_high=0.5,
+    ),
+    "token_tis_constant": LossConfig(is_correction="tis", aggregation="constant"),
+}
+"""Losses that exercise every path of grpo_loss (sequence ratio, KL, entropy, clipping; TIS
+with the constant aggregation): micro-batching modes must agree under each."""
 
 
 def tiny_llama(path: Path, seed: int = 0) -> Path:
