@@ -55,13 +55,14 @@ from example_trainer.data import (
     plan_microbatches,
 )
 from example_trainer.loss import LossInputs, grpo_loss
-from example_trainer.prefix_sharing import collate_trees, plan_trees
+from example_trainer.prefix_sharing import collate_trees
 from example_trainer.sequence_packing import (
     collate_packed,
     model_logprobs,
     packed_costs,
     plan_packed,
     row_length,
+    tree_plan,
 )
 
 MODES = ("naive", "bucketed", "packed", "packed_trained_logits", "prefix_shared")
@@ -107,14 +108,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
     lengths = [len(s.tokens) for s in samples]
     packed = mode.startswith("packed")
     plan: list[Any]
-    if mode == "prefix_shared":
-        trees = plan_trees(samples, args.budget)
-        sizes = [tree.tokens for tree in trees]
-        tree_rows = plan_packed(
-            sizes, args.row_tokens or row_length(sizes, args.budget), args.budget
-        )
-        plan = [[[trees[k] for k in row] for row in mb] for mb in tree_rows]
-        padded = sum(packed_costs(tree_rows, sizes))
+    if mode == "prefix_shared":  # as the trainer plans it
+        trees = tree_plan(samples, args.budget, args.row_tokens)
+        plan, padded = trees.entries, sum(trees.costs)
     elif packed:
         row_tokens = args.row_tokens or row_length(lengths, args.budget)
         plan = plan_packed(lengths, row_tokens, args.budget)

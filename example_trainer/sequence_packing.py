@@ -217,20 +217,28 @@ def micro_batch_plan(cfg: TrainerConfig, samples: Sequence[Sample]) -> MicroBatc
     lengths = [len(s.tokens) for s in samples]
     cap = min(cfg.pack_row_tokens or cfg.max_token_len, cfg.micro_batch_tokens)
     if cfg.micro_batching == "prefix_shared":
-        # a tree holds several sequences, each up to max_token_len: rows up to the budget
-        cap = min(cfg.pack_row_tokens or cfg.micro_batch_tokens, cfg.micro_batch_tokens)
-        trees = plan_trees(samples, cap)
-        sizes = [tree.tokens for tree in trees]
-        row_tokens = cap if cfg.pack_row_tokens else row_length(sizes, cap)
-        rows = plan_packed(sizes, row_tokens, cfg.micro_batch_tokens)
-        entries = [[[trees[k] for k in row] for row in mb] for mb in rows]
-        return MicroBatchPlan(list(entries), packed_costs(rows, sizes), sum(sizes))
+        return tree_plan(samples, cfg.micro_batch_tokens, cfg.pack_row_tokens)
     if cfg.micro_batching == "packed":
         row_tokens = cap if cfg.pack_row_tokens else row_length(lengths, cap)
         packed = plan_packed(lengths, row_tokens, cfg.micro_batch_tokens)
         return MicroBatchPlan(list(packed), packed_costs(packed, lengths), sum(lengths))
     plan = plan_microbatches(lengths, cfg.micro_batch_tokens)
     return MicroBatchPlan(list(plan), micro_batch_costs(plan, lengths), sum(lengths))
+
+
+def tree_plan(
+    samples: Sequence[Sample], budget: int, row_tokens: int | None = None
+) -> MicroBatchPlan:
+    """prefix_shared: the samples as trees (prefix_sharing.plan_trees), laid into rows of
+    ``row_tokens`` (default: the power of two the trees need) by the packed planner, rows of
+    at most ``budget`` positions per micro-batch. A tree holds several sequences, each up to
+    max_token_len, so a tree is bounded by the row, not by max_token_len."""
+    cap = min(row_tokens or budget, budget)
+    trees = plan_trees(samples, cap)
+    sizes = [tree.tokens for tree in trees]
+    rows = plan_packed(sizes, cap if row_tokens else row_length(sizes, cap), budget)
+    entries = [[[trees[k] for k in row] for row in mb] for mb in rows]
+    return MicroBatchPlan(list(entries), packed_costs(rows, sizes), sum(sizes))
 
 
 def micro_batch(cfg: TrainerConfig, samples: list[Sample], planned: Any) -> MicroBatch:
