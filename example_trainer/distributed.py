@@ -14,11 +14,13 @@ from example_trainer.checkpoint import unwrap
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
-    """-> (rank, world size, device); a no-op outside torchrun."""
+    """-> (rank, world size, device); a no-op outside torchrun. Under torchrun the process
+    group exists with one rank too, so ``--parallel fsdp`` shards on a single GPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    if world > 1 and not dist.is_initialized():
+    launched = "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ
+    if launched and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -25,7 +25,8 @@ tokens, so the loss does not change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,25 @@ def student_distill_logprobs(model: Any, mb: MicroBatch) -> Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, mb.distill_ids.clamp(min=0))
 
 
+@contextmanager
+def scored_positions_only(model: Any, scored: Tensor | None) -> Iterator[None]:
+    """The output projection sees only the hidden states at ``scored`` positions (a forward
+    pre-hook on it: transformers before 5.2x take no 2-D ``logits_to_keep``, and calling the
+    decoder and the head apart would skip DDP's and FSDP's hooks on the whole model)."""
+    if scored is None:
+        yield
+        return
+
+    def keep(module: Any, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        return (args[0][scored][None], *args[1:])  # (R, W, H) -> (1, K, H)
+
+    handle = unwrap(model).get_output_embeddings().register_forward_pre_hook(keep)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def model_logprobs(model: Any, mb: MicroBatch, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
     """Logprobs and entropy of ``mb.targets`` (B, T-1), from the packed rows if there are any.
 
@@ -165,13 +185,13 @@ def model_logprobs(model: Any, mb: MicroBatch, entropy_grad: bool = False) -> tu
     if p is None:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         return token_logprobs(out.logits[:, :-1], mb.targets, mb.temperature, entropy_grad)
-    out = model(
-        input_ids=p.input_ids,
-        position_ids=p.position_ids,
-        attention_mask=attention_mask(model, p.attention_mask),
-        use_cache=False,
-        logits_to_keep=0 if p.scored is None else p.scored,  # bool (R, W): (K, V) logits
-    )
+    with scored_positions_only(model, p.scored):  # bool (R, W): (K, V) logits
+        out = model(
+            input_ids=p.input_ids,
+            position_ids=p.position_ids,
+            attention_mask=attention_mask(model, p.attention_mask),
+            use_cache=False,
+        )
     logits = out.logits.reshape(-1, out.logits.shape[-1])  # (K, V)
     if p.kept is not None:
         logits = logits[p.kept]  # (E, V): a prefix's last position serves every member

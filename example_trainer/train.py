@@ -178,36 +178,21 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         t0 = time.perf_counter()
         groups = broadcast(pull_groups(client, cfg.broker_patience_s, step), world)
         t_data = time.perf_counter() - t0
-        samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
-        totals = batch_totals(samples)
-        lags = version_lags(samples, step)  # (tokens,): updates between sampling and training
-        # Sequences with nothing to train (zero-variance groups, masked rows) add 0 to the loss
-        # and every metric: no forward/backward for them (one kept if none is left, for DDP).
-        samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
-        lengths = [len(s.tokens) for s in samples]
-        plan = micro_batch_plan(cfg, samples)
-        mine = shard_plan(plan.entries, plan.costs, world, rank)
-        n_micro = max(len(shard_plan(plan.entries, plan.costs, world, r)) for r in range(world))
 
         # ---- forward / backward over micro-batches, then one optimizer step ----------------
-        sums = forward_backward(cfg, run, samples, mine, n_micro, totals, world, device)
-        grad_norm = nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm)
-        if totals.tokens > 0:  # an all-masked batch would still move AdamW's momentum
-            run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        done = optimizer_step(cfg, run, groups, role_baselines, step, device)
+        role_baselines = done.role_baselines
 
         # ---- metrics ----------------------------------------------------------------------
-        total = summed_over_ranks(sums, world)
         row: dict[str, float] = {
             "train/step": float(step),
             "train/lr": float(run.scheduler.get_last_lr()[0]),
-            "train/grad_norm": float(grad_norm),
-            "train/skipped": float(totals.tokens == 0),
+            "train/grad_norm": done.grad_norm,
+            "train/skipped": float(done.trained_tokens == 0),
             "train/data_wait_s": t_data,
-            **loss_metrics(total),
-            **throughput_metrics(lengths, plan, time.perf_counter() - t0),
-            **data_metrics(stats, lags, step),
+            **loss_metrics(done.sums),
+            **throughput_metrics(done.lengths, done.plan, time.perf_counter() - t0),
+            **data_metrics(done.stats, done.lags, step),
             "train/elapsed_s": time.monotonic() - run.started,
         }
         final_step = step == cfg.num_steps or out_of_time(cfg, row, step, world)
@@ -255,6 +240,58 @@ class Trainee:
     """``time.monotonic()`` before the model was loaded: the time limit counts from it."""
 
 
+@dataclass
+class StepDone:
+    """What one optimizer step computed: loss terms summed over ranks, and what it trained."""
+
+    sums: dict[str, float]
+    grad_norm: float
+    trained_tokens: int
+    lengths: list[int]  # the sequences that went through forward/backward
+    plan: MicroBatchPlan
+    stats: Any
+    lags: np.ndarray  # (tokens,): updates between sampling and training
+    role_baselines: dict[Any, float]
+
+
+def optimizer_step(
+    cfg: TrainerConfig,
+    run: Trainee,
+    groups: list[Any],
+    role_baselines: dict[Any, float],
+    step: int,
+    device: torch.device,
+) -> StepDone:
+    """One GRPO step on a batch's groups: samples, micro-batches, gradients, AdamW, schedule."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    samples, role_baselines, stats = batch_to_samples(groups, cfg.loss, role_baselines)
+    totals = batch_totals(samples)
+    lags = version_lags(samples, step)
+    # Sequences with nothing to train (zero-variance groups, masked rows) add 0 to the loss
+    # and every metric: no forward/backward for them (one kept if none is left, for DDP).
+    samples = [s for s in samples if s.trained_tokens > 0] or samples[:1]
+    plan = micro_batch_plan(cfg, samples)
+    mine = shard_plan(plan.entries, plan.costs, world, rank)
+    n_micro = max(len(shard_plan(plan.entries, plan.costs, world, r)) for r in range(world))
+
+    sums = forward_backward(cfg, run, samples, mine, n_micro, totals, world, device)
+    grad_norm = nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm)
+    if totals.tokens > 0:  # an all-masked batch would still move AdamW's momentum
+        run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return StepDone(
+        summed_over_ranks(sums, world),
+        float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+        int(totals.tokens),
+        [len(s.tokens) for s in samples],
+        plan,
+        stats,
+        lags,
+        role_baselines,
+    )
+
+
 def close_all(sync: WeightSync, tracker: Tracker, client: BatchSource | None) -> None:
     sync.close()
     tracker.finish()
@@ -285,7 +322,7 @@ def build_trainee(
         ref_name = cfg.ref_model or cfg.model
         ref: Any = AutoModelForCausalLM.from_pretrained(ref_name, dtype=torch.float32)
         ref_model = ref.to(device).requires_grad_(False).eval()
-    sharded = world > 1 and cfg.parallel == "fsdp"
+    sharded = cfg.parallel == "fsdp" and dist.is_initialized()  # torchrun, one rank included
     if sharded:
         shard_model(model)
     elif world > 1:

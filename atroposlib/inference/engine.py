@@ -36,6 +36,13 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def resolve_device(name: str) -> str:
+    """``auto`` means ``cuda`` when torch sees a GPU, else ``cpu``."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def load_model(path: str | Path, device: str, dtype: torch.dtype) -> PreTrainedModel:
     """Load a causal LM from a local transformers folder, in eval mode, on ``device``."""
     folder = Path(path)
@@ -72,7 +79,7 @@ class ModelRunner:
         dtype: str = "auto",
         fast_decode: bool = True,
     ) -> None:
-        self.device = device
+        self.device = device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.want_fast_decode = fast_decode

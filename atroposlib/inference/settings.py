@@ -23,7 +23,9 @@ class InferenceSettings(BaseSettings):
     model: str = Field(description="Local transformers model folder to serve.")
     host: str = Field(default="127.0.0.1", description="Interface to bind.")
     port: int = Field(default=9001, ge=0, le=65535, description="TCP port to listen on.")
-    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where the model runs.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="cpu", description="Where the model runs (auto: the GPU when torch sees one)."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Weight dtype; auto is float32 on cpu, bfloat16 on cuda."
     )

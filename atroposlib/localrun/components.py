@@ -52,7 +52,8 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          *(["--time-limit-s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior-logprobs", settings.behavior_logprobs,
          *settings.trainer_args],
-        env={"OMP_NUM_THREADS": str(settings.threads)},
+        env={"OMP_NUM_THREADS": str(settings.threads),
+             **({"CUDA_VISIBLE_DEVICES": ""} if settings.device == "cpu" else {})},
     )  # fmt: skip
 
 

@@ -58,7 +58,7 @@ class EmbeddedInference:
             "inference",
             [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
              "--port", str(layout.inference_port), "--served-model-name", "default",
-             "--threads", str(settings.threads)],
+             "--threads", str(settings.threads), "--device", settings.device],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip

@@ -68,13 +68,15 @@ class StatusPoller:
         self._health_at = -float("inf")
         self._metrics_offset = 0
 
-    def poll(self) -> RunStatus:
+    def poll(self, fresh_weights: bool = False) -> RunStatus:
+        """The run's status; the weight version is read at most every health_interval_s,
+        unless ``fresh_weights`` (the final status, which summary.json reports)."""
         status = self.status
         broker = self._get_json(f"{self.layout.broker_url}/status")
         if broker:
             status.broker_step = broker.get("current_step")
             status.queue_groups = broker.get("queue_size")
-        if self.clock() - self._health_at >= self.health_interval_s:
+        if fresh_weights or self.clock() - self._health_at >= self.health_interval_s:
             self._health_at = self.clock()
             health = self._get_json(self.layout.inference_url + self.layout.version_path)
             if health:

@@ -201,8 +201,13 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
     return [_mean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
 
 
-def plot_rewards(rows: list[StepRewards], path: Path) -> None:
-    import matplotlib
+def plot_rewards(rows: list[StepRewards], path: Path) -> str | None:
+    """Draw the reward curve at ``path``; None, or why it was not drawn (matplotlib comes with
+    the trainer extra: an install without it still gets summary.json)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed (pip install 'atroposlib[trainer]')"
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -222,6 +227,7 @@ def plot_rewards(rows: list[StepRewards], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+    return None
 
 
 GRADING = (

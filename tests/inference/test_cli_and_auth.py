@@ -76,3 +76,13 @@ async def test_api_key_guards_everything_but_health(guarded: httpx.AsyncClient) 
     right = await guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
     assert right.status_code == 200
     assert right.json()["data"][0]["id"].endswith("SmolLM2-135M-Instruct")
+
+
+def test_device_auto_is_the_gpu_when_torch_sees_one() -> None:
+    import torch
+
+    from atroposlib.inference.engine import resolve_device
+
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("cuda") == "cuda"
