@@ -299,6 +299,12 @@ class TrainerConfig(LayeredSettings):
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto: bf16 autocast on GPUs that support it, else fp32."
     )
+    fp32_logits: bool = Field(
+        False,
+        description="bf16: compute the output projection (the logits) in fp32. bf16 rounds "
+        "logits of ~10-30 by up to 0.06, the largest bf16-vs-fp32 gap in the logprobs "
+        "(scripts/gpu-check measures it); costs the head's FLOPs at fp32 speed.",
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="Multi-process strategy under torchrun: DDP or FSDP2 (gloo on CPU)."
     )

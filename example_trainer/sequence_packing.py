@@ -175,6 +175,24 @@ def scored_positions_only(model: Any, scored: Tensor | None) -> Iterator[None]:
         handle.remove()
 
 
+@contextmanager
+def fp32_output_projection(model: Any) -> Iterator[None]:
+    """The output projection computed in fp32 under bf16 autocast (its fp32 weights, the
+    hidden states upcast); everything else stays in bf16."""
+    head = unwrap(model).get_output_embeddings()
+
+    def forward(hidden: Tensor) -> Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if head.bias is None else head.bias.float()
+            return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward  # the class's forward again
+
+
 def model_logprobs(model: Any, mb: MicroBatch, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
     """Logprobs and entropy of ``mb.targets`` (B, T-1), from the packed rows if there are any.
 

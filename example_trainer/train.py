@@ -61,6 +61,7 @@ from example_trainer.distributed import broadcast, grad_sync, init_distributed, 
 from example_trainer.loss import LossInputs, grpo_loss
 from example_trainer.sequence_packing import (
     MicroBatchPlan,
+    fp32_output_projection,
     micro_batch,
     micro_batch_plan,
     model_logprobs,
@@ -139,13 +140,21 @@ def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
     return factor
 
 
-def autocast(cfg: TrainerConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def autocast(
+    cfg: TrainerConfig, device: torch.device, model: nn.Module | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast when the precision asks for it; with ``cfg.fp32_logits`` the model's
+    output projection stays in fp32 inside it."""
     bf16 = cfg.precision == "bf16" or (
         cfg.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     )
     if not bf16:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+    if cfg.fp32_logits and model is not None:
+        stack.enter_context(fp32_output_projection(model))
+    return stack
 
 
 # ---------------------------------------------------------------------------------------
@@ -399,7 +408,7 @@ def forward_backward(
         dummy = k >= len(mine)  # keeps ranks in step for DDP's gradient all-reduce
         mb = micro_batch(cfg, samples, mine[k] if not dummy else None).to(device)
         last = k == n_micro - 1
-        with grad_sync(model, enabled=last), autocast(cfg, device):
+        with grad_sync(model, enabled=last), autocast(cfg, device, model):
             logp, entropy = model_logprobs(model, mb, cfg.loss.entropy_coef > 0)  # (B, T-1)
             ref_logp = mb.ref_logprobs
             if ref_logp is None and cfg.loss.kl_coef > 0:

@@ -86,29 +86,35 @@ def step_once(
     return run, optimizer_step(cfg, run, copy.deepcopy(groups), {}, 1, torch.device(ctx.device))
 
 
+VARIANTS = {
+    "fp32": {"precision": "fp32"},
+    "bf16": {"precision": "bf16"},
+    "bf16_fp32_logits": {"precision": "bf16", "fp32_logits": True},
+}
+
+
 def compare_precisions(
-    ctx: Context, model_dir: Any, mode: str, compared: list[dict[str, Any]]
+    ctx: Context, model_dir: Any, mode: str, compared: list[dict[str, Any]], variants: list[str]
 ) -> tuple[Trainee, float]:
-    """bf16 vs fp32 on the compared batch; returns the bf16 trainee and the fp32 loss."""
+    """bf16 (and its variants) vs fp32 on the compared batch; returns the last trainee (bf16)
+    and the fp32 loss."""
     losses, norms = {}, {}
     run: Trainee | None = None
-    for precision in ("fp32", "bf16"):
-        cfg = config(ctx, model_dir, micro_batching=mode, precision=precision,
-                     loss={"behavior_logprobs": "inference"})  # fmt: skip
+    for variant in variants:
+        run = None  # the previous trainee's memory back before the next one loads
+        cfg = config(ctx, model_dir, micro_batching=mode, loss={"behavior_logprobs": "inference"},
+                     **VARIANTS[variant])  # fmt: skip
         run, done = step_once(ctx, cfg, compared)
-        losses[precision], norms[precision] = done.sums["loss"], done.grad_norm
-        if precision == "fp32":
-            del run
-            run = None
-    loss_rel = abs(losses["bf16"] - losses["fp32"]) / abs(losses["fp32"])
-    grad_rel = abs(norms["bf16"] - norms["fp32"]) / norms["fp32"]
-    ctx.result.add(**{f"{mode}/loss_fp32": losses["fp32"], f"{mode}/loss_bf16": losses["bf16"],
-                      f"{mode}/grad_norm_fp32": norms["fp32"],
-                      f"{mode}/grad_norm_bf16": norms["bf16"]})  # fmt: skip
-    ctx.result.check(f"{mode}: bf16 loss vs fp32", loss_rel <= LOSS_REL_BOUND,
-                     loss_rel, f"relative <= {LOSS_REL_BOUND}")  # fmt: skip
-    ctx.result.check(f"{mode}: bf16 grad norm vs fp32", grad_rel <= GRAD_REL_BOUND,
-                     grad_rel, f"relative <= {GRAD_REL_BOUND}")  # fmt: skip
+        losses[variant], norms[variant] = done.sums["loss"], done.grad_norm
+        ctx.result.add(**{f"{mode}/loss_{variant}": losses[variant],
+                          f"{mode}/grad_norm_{variant}": norms[variant]})  # fmt: skip
+    for variant in variants[1:]:
+        loss_rel = abs(losses[variant] - losses["fp32"]) / abs(losses["fp32"])
+        grad_rel = abs(norms[variant] - norms["fp32"]) / norms["fp32"]
+        ctx.result.check(f"{mode}: {variant} loss vs fp32", loss_rel <= LOSS_REL_BOUND,
+                         loss_rel, f"relative <= {LOSS_REL_BOUND}")  # fmt: skip
+        ctx.result.check(f"{mode}: {variant} grad norm vs fp32", grad_rel <= GRAD_REL_BOUND,
+                         grad_rel, f"relative <= {GRAD_REL_BOUND}")  # fmt: skip
     assert run is not None
     return run, losses["fp32"]
 
@@ -146,9 +152,17 @@ def modes(ctx: Context, shape: str = "qwen2.5-0.5b-like", modes: tuple[str, ...]
     own_logprobs(ctx, model_dir, compared)
     fp32_losses = {}
     for mode in modes:
-        run, fp32_losses[mode] = compare_precisions(ctx, model_dir, mode, compared)
-        cfg = config(ctx, model_dir, micro_batching=mode, precision="bf16")
-        timed_step(ctx, run, cfg, f"{shape}/{mode}" if ctx.gpu else mode)
+        variants = ["fp32", "bf16_fp32_logits", "bf16"] if mode == "packed" else ["fp32", "bf16"]
+        run, fp32_losses[mode] = compare_precisions(ctx, model_dir, mode, compared, variants)
+        label = f"{shape}/{mode}" if ctx.gpu else mode
+        timed_step(ctx, run, config(ctx, model_dir, micro_batching=mode, precision="bf16"), label)
+        if mode == "packed":
+            cfg = config(ctx, model_dir, micro_batching=mode, **VARIANTS["bf16_fp32_logits"])
+            timed_step(ctx, run, cfg, f"{label}_fp32_logits")
+        if mode == "prefix_shared" and ctx.gpu:  # trees in rows of 4096, not the budget's
+            cfg = config(ctx, model_dir, micro_batching=mode, precision="bf16",
+                         pack_row_tokens=4096)  # fmt: skip
+            timed_step(ctx, run, cfg, f"{label}_rows4096")
         del run
         if ctx.gpu:
             torch.cuda.empty_cache()
