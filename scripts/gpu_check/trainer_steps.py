@@ -48,22 +48,38 @@ def config(ctx: Context, model: Any, **overrides: Any) -> TrainerConfig:
     return load_config([], **{**settings, **overrides})
 
 
-def own_logprobs(ctx: Context, model_dir: Any, groups: list[dict[str, Any]]) -> None:
-    """Set each group's inference_logprobs to the fp32 model's own, plus noise (std 0.1)."""
+def sampled_replies(ctx: Context, model_dir: Any, groups: list[dict[str, Any]]) -> None:
+    """Replace each reply by one the fp32 model samples (T = 1, the same length), as an env's
+    replies are, and set inference_logprobs to the model's own plus noise (std 0.1).
+
+    Random ids would sit at logprobs near -20, where bf16's absolute error is ten times a
+    sampled token's and the PPO clip turns it into a different gradient."""
     from transformers import AutoModelForCausalLM
 
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model = model.to(ctx.device).eval()
     rng = np.random.default_rng(1)
+    torch.manual_seed(1)
     with torch.no_grad():
         for group in groups:
-            rows = []
-            for tokens in group["tokens"]:
-                ids = torch.as_tensor(np.asarray(tokens, np.int64), device=ctx.device)[None]
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
-                row = np.zeros(len(tokens), np.float32)
-                row[1:] = logp.gather(-1, ids[0, 1:, None])[:, 0].cpu().numpy()
-                rows.append(row + rng.normal(0.0, 0.1, size=len(tokens)).astype(np.float32))
+            prompt_len = int((np.asarray(group["masks"][0]) == -100).sum())
+            prompt = torch.as_tensor(np.asarray(group["tokens"][0][:prompt_len], np.int64))
+            lengths = [len(seq) - prompt_len for seq in group["tokens"]]
+            out = model.generate(  # one batch per group: its replies share the prompt
+                prompt.to(ctx.device)[None], do_sample=True, temperature=1.0, top_k=0,
+                max_new_tokens=max(lengths), min_new_tokens=max(lengths),
+                num_return_sequences=len(lengths),
+            )  # fmt: skip
+            rows, tokens = [], []
+            for full, new in zip(out, lengths, strict=True):
+                full = full[: prompt_len + new]
+                logp = torch.log_softmax(model(input_ids=full[None]).logits[0, :-1].float(), -1)
+                row = np.zeros(len(full), np.float32)
+                row[1:] = logp.gather(-1, full[1:, None])[:, 0].cpu().numpy()
+                tokens.append(full.cpu().numpy().astype(np.int32))
+                rows.append(row + rng.normal(0.0, 0.1, size=len(full)).astype(np.float32))
+            group["tokens"] = tokens
+            group["masks"] = [np.where(np.arange(len(t)) < prompt_len, -100, t) for t in tokens]
             group["inference_logprobs"] = rows
     del model
 
@@ -149,7 +165,7 @@ def modes(ctx: Context, shape: str = "qwen2.5-0.5b-like", modes: tuple[str, ...]
     compared = batches.make_groups(
         batches.COMPARED[ctx.device], vocab_size, 1, unit_advantages=True
     )
-    own_logprobs(ctx, model_dir, compared)
+    sampled_replies(ctx, model_dir, compared)
     fp32_losses = {}
     for mode in modes:
         variants = ["fp32", "bf16_fp32_logits", "bf16"] if mode == "packed" else ["fp32", "bf16"]
