@@ -34,7 +34,7 @@ MODULES = [
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
-    "atroposlib.web",
+    "atroposlib.security.keys",
     "atroposlib.utils.html_report",
     "atroposlib.frontend.jsonl2html",
     "atroposlib.utils.cli",

@@ -26,13 +26,17 @@ import uuid as uuid_lib
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field
+from pydantic import Field, ValidationError
 
 from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.proxy_cli import load_servers_file
+from atroposlib.envs.server_handling.proxy_cli import (
+    access_fields,
+    add_access_flags,
+    load_servers_file,
+)
 from atroposlib.envs.server_handling.proxy_protocol import (
     ChatCompletionProxyRequest,
     ChatMessage,
@@ -64,6 +68,7 @@ from atroposlib.envs.server_handling.session_table import ServerChoiceError, Ses
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
 from atroposlib.inference.limits import BodySizeLimit
+from atroposlib.security import AccessSettings, mount_guard, require_bearer, warn_if_open
 
 __all__ = [
     "APIServerConfig",
@@ -89,7 +94,7 @@ logger = logging.getLogger(__name__)
 MiB = 1024 * 1024
 
 
-class ProxySettings(BaseModel):
+class ProxySettings(AccessSettings):
     max_sessions: int = Field(default=4096, ge=1, description="Open sessions at most (429 past).")
     idle_timeout_s: float = Field(
         default=3600.0, gt=0, description="A session idle this long is closed (logged)."
@@ -115,8 +120,13 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(Exception, _unexpected)
-    _add_service_routes(app, table, model_name)
-    _add_session_routes(app, table, tokenizer, model_name, settings)
+    mount_guard(app, settings)
+    warn_if_open(settings, "the managed-server proxy")
+    _add_health_route(app, table, model_name)
+    keyed = APIRouter(dependencies=[Depends(require_bearer(settings.api_key))])
+    _add_service_routes(keyed, table, model_name)
+    _add_session_routes(keyed, table, tokenizer, model_name, settings)
+    app.include_router(keyed)
     return app
 
 
@@ -124,8 +134,8 @@ def _model_list(model_name: str) -> ModelListResponse:
     return ModelListResponse(data=[ModelEntry(id=model_name, created=int(time.time()))])
 
 
-def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> None:
-    """The routes about the proxy itself: health, models, servers, open sessions."""
+def _add_health_route(app: FastAPI, table: SessionTable, model_name: str) -> None:
+    """``GET /health``: open without a key, like every server's health."""
 
     @app.get("/health")
     async def health() -> ProxyHealth:
@@ -133,6 +143,10 @@ def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> N
         healthy = sum(1 for s in servers if getattr(s, "server_healthy", True))
         return ProxyHealth(model=model_name, sessions=len(table), servers=len(servers),
                            healthy_servers=healthy)  # fmt: skip
+
+
+def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) -> None:
+    """The routes about the proxy itself: models, servers, open sessions."""
 
     @app.get("/v1/models")
     async def models() -> ModelListResponse:
@@ -162,7 +176,7 @@ def _open_session(table: SessionTable, session_id: str) -> ProxySession:
 
 
 def _add_session_routes(
-    app: FastAPI, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
+    app: APIRouter, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
 ) -> None:
     """Creating a session and everything under ``/{session_id}``."""
 
@@ -304,10 +318,14 @@ def main(argv: list[str] | None = None) -> None:
     """The proxy as a command: ``--config servers.json`` (its format: :mod:`proxy_cli`)."""
     parser = argparse.ArgumentParser(description="OpenAI-compatible managed-server proxy")
     parser.add_argument("--config", type=Path, required=True, help="servers.json (see module)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0: all hosts)")
     parser.add_argument("--port", type=int, default=9100)
+    add_access_flags(parser)
     parser.add_argument("--max-sessions", type=int, default=ProxySettings().max_sessions)
     args = parser.parse_args(argv)
+    try:
+        settings = ProxySettings(max_sessions=args.max_sessions, **access_fields(args))
+    except ValidationError as exc:
+        parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     import uvicorn
@@ -320,12 +338,12 @@ def main(argv: list[str] | None = None) -> None:
         server_manager=ServerManager(configs),
         tokenizer=tokenizer,
         model_name=servers.model_name,
-        settings=ProxySettings(max_sessions=args.max_sessions),
+        settings=settings,
     )
     for config in configs:
         logger.info("backend %s (%s)", config.base_url, config.server_type)
-    logger.info("proxy for %s on http://%s:%d", servers.model_name, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    logger.info("proxy for %s on http://%s:%d", servers.model_name, settings.host, args.port)
+    uvicorn.run(app, host=settings.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":
