@@ -17,14 +17,21 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from atroposlib.security.access import AccessSettings
+
+class GuardedServer(Protocol):
+    """What the guard reads of a server's settings (``AccessSettings`` has them)."""
+
+    host: str
+    api_key: str | None
+    allowed_hosts: list[str]
+    cors_origins: list[str]
+
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +69,7 @@ def machine_names() -> set[str]:
 class BrowserGuard:
     """Decides, from a request's headers alone, whether a browser sent it for another site."""
 
-    def __init__(self, settings: AccessSettings) -> None:
+    def __init__(self, settings: GuardedServer) -> None:
         self.enabled = settings.api_key is None
         allowed = settings.allowed_hosts
         # Bound to a network address, the server is open to that network anyway (with
