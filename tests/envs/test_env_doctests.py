@@ -34,6 +34,7 @@ MODULES = [
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
     "atroposlib.utils.advantages",
+    "atroposlib.utils.bounded_json",
     "atroposlib.security.keys",
     "atroposlib.utils.html_report",
     "atroposlib.frontend.jsonl2html",
