@@ -20,9 +20,13 @@ environment reads with ``GET /{id}/nodes`` to score and train on. Routes (Atropo
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import secrets
 import time
 import uuid as uuid_lib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +72,13 @@ from atroposlib.envs.server_handling.session_table import ServerChoiceError, Ses
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
 from atroposlib.inference.limits import BodySizeLimit
-from atroposlib.security import AccessSettings, mount_guard, require_bearer, warn_if_open
+from atroposlib.security import (
+    ADMIN_DETAIL,
+    AccessSettings,
+    mount_guard,
+    require_bearer,
+    warn_if_open,
+)
 
 __all__ = [
     "APIServerConfig",
@@ -104,6 +114,12 @@ class ProxySettings(AccessSettings):
         default=1024, ge=1, description="max_tokens of a request that sets none."
     )
     max_attempts: int = Field(default=3, ge=1, description="Tries per sample on server errors.")
+    max_session_nodes: int = Field(
+        default=4096, ge=1, description="Recorded sequences one session may hold (429 past)."
+    )
+    sweep_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between sweeps closing idle sessions."
+    )
 
 
 def create_app(
@@ -115,7 +131,16 @@ def create_app(
     """The proxy app over ``server_manager``'s servers (each session pinned to one)."""
     settings = settings or ProxySettings()
     table = SessionTable(server_manager, settings.max_sessions, settings.idle_timeout_s)
-    app = FastAPI(title="atroposlib managed-server proxy")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep_idle(table, settings.sweep_interval_s))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+
+    app = FastAPI(title="atroposlib managed-server proxy", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
@@ -125,9 +150,17 @@ def create_app(
     _add_health_route(app, table, model_name)
     keyed = APIRouter(dependencies=[Depends(require_bearer(settings.api_key))])
     _add_service_routes(keyed, table, model_name)
+    _add_listing_route(app, table, settings.admin_key)
     _add_session_routes(keyed, table, tokenizer, model_name, settings)
     app.include_router(keyed)
     return app
+
+
+async def _sweep_idle(table: SessionTable, interval_s: float) -> None:
+    """Close idle sessions every ``interval_s``, also when no new session comes to do it."""
+    while True:
+        await asyncio.sleep(interval_s)
+        table.close_idle()
 
 
 def _model_list(model_name: str) -> ModelListResponse:
@@ -146,7 +179,7 @@ def _add_health_route(app: FastAPI, table: SessionTable, model_name: str) -> Non
 
 
 def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) -> None:
-    """The routes about the proxy itself: models, servers, open sessions."""
+    """The routes about the proxy itself: models, servers."""
 
     @app.get("/v1/models")
     async def models() -> ModelListResponse:
@@ -157,7 +190,12 @@ def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) ->
         return ServerList(servers=[_server_info(i, s, model_name) for i, s in
                                    enumerate(table.servers)])  # fmt: skip
 
-    @app.get("/sessions")
+
+def _add_listing_route(app: FastAPI, table: SessionTable, admin_key: str | None) -> None:
+    """``GET /sessions``: every session's id is its capability, so the list needs the admin
+    key (``admin_api_key``, else ``api_key``; open only when the proxy has no key at all)."""
+
+    @app.get("/sessions", dependencies=[Depends(require_bearer(admin_key, ADMIN_DETAIL))])
     async def list_sessions() -> SessionList:
         return SessionList(sessions=[
             SessionInfo(uuid=s.uuid, model_name=s.model_name, base_url=s.base_url,
@@ -165,6 +203,11 @@ def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) ->
                         num_nodes=len(s.recorder.nodes))
             for s in table.sessions()
         ])  # fmt: skip
+
+
+def _new_session_id() -> str:
+    """A UUID of 122 random bits from the OS: the id is the session's capability."""
+    return str(uuid_lib.UUID(bytes=secrets.token_bytes(16), version=4))
 
 
 def _open_session(table: SessionTable, session_id: str) -> ProxySession:
@@ -195,7 +238,7 @@ def _add_session_routes(
             raise HTTPException(exc.status_code, str(exc)) from exc
         recorder = SessionRecorder(server, tokenizer, body.tool_parser, settings.max_attempts)
         session = ProxySession(
-            uuid=str(uuid_lib.uuid4()), recorder=recorder, model_name=model_name,
+            uuid=_new_session_id(), recorder=recorder, model_name=model_name,
             tool_parser=body.tool_parser, base_url=table.base_url_of(server),
             temperature=body.temperature,
         )  # fmt: skip
@@ -211,6 +254,10 @@ def _add_session_routes(
         session_id: str, body: ChatCompletionProxyRequest
     ) -> ProxyChatCompletion:
         session = _open_session(table, session_id)
+        if len(session.recorder.nodes) >= settings.max_session_nodes:
+            limit = settings.max_session_nodes
+            raise HTTPException(429, f"session: {limit} nodes recorded (max_session_nodes); "
+                                "read them and open a new session")  # fmt: skip
         try:
             choices = await session.complete(body, settings.default_max_tokens)
         except TemplateRenderError as exc:
