@@ -47,7 +47,15 @@ class _Running:
 class Supervisor:
     """Owns the child processes of one run; use as a context manager."""
 
-    def __init__(self, run_dir: Path, *, http: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        http: httpx.Client | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env``: variables every component gets (the run's key), below its own ``env``."""
+        self.env = dict(env or {})
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._http = http or httpx.Client(timeout=2.0)
@@ -61,7 +69,7 @@ class Supervisor:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **component.env},
+            env={**os.environ, **self.env, **component.env},
             start_new_session=True,
         )
         log_file.close()

@@ -146,6 +146,11 @@ def _shared_api_key() -> SecretStr | None:
     return SecretStr(key) if key else None
 
 
+def _shared_admin_key() -> SecretStr | None:
+    key = os.environ.get("ATROPOS_ADMIN_API_KEY") or os.environ.get("ATROPOS_API_KEY")
+    return SecretStr(key) if key else None
+
+
 class TrainerConfig(LayeredSettings):
     """GRPO trainer for atroposlib: pulls scored groups from the broker and trains on them."""
 
@@ -279,8 +284,11 @@ class TrainerConfig(LayeredSettings):
     inference_urls: list[str] = Field(
         default_factory=list, description="Inference servers to update (base URLs)."
     )
-    inference_api_key: str | None = Field(
-        None, description="Bearer token for the inference servers' weight endpoints."
+    inference_api_key: SecretStr | None = Field(
+        default_factory=_shared_admin_key,
+        description="Bearer token for the inference servers' weight endpoints (their "
+        "--admin-api-key when set, else their --api-key). Default: ATROPOS_ADMIN_API_KEY, "
+        "else ATROPOS_API_KEY (the run's key, which atropos-local and the sbatch script set).",
     )
     sync_interval: int = Field(1, gt=0, description="Push weights every N steps.")
     keep_last_weights: int = Field(

@@ -290,7 +290,7 @@ def sync_for(cfg: TrainerConfig) -> WeightSync:
     if cfg.weight_sync in LIVE_SYNC:
         from example_trainer.inflight import Fleet, make_live_sync
 
-        fleet = Fleet(cfg.inference_urls, timeout=cfg.sync_timeout, api_key=cfg.inference_api_key)
+        fleet = Fleet(cfg.inference_urls, timeout=cfg.sync_timeout, api_key=_inference_key(cfg))
         return make_live_sync(
             cfg.weight_sync,  # type: ignore[arg-type]
             fleet,
@@ -310,7 +310,7 @@ def sync_for(cfg: TrainerConfig) -> WeightSync:
         timeout=cfg.sync_timeout,
         vllm_command=cfg.vllm_command,
         adapter_name=cfg.lora.adapter_name,
-        api_key=cfg.inference_api_key,
+        api_key=_inference_key(cfg),
     )
 
 
@@ -336,3 +336,8 @@ def push_weights(
 
     with hf_tensors(model, state_dict) as tensors:
         return sync.push_live(PushedWeights(tensors, written), step)  # type: ignore[attr-defined]
+
+
+def _inference_key(cfg: TrainerConfig) -> str | None:
+    key = cfg.inference_api_key
+    return key.get_secret_value() if key is not None else None

@@ -92,3 +92,19 @@ def test_component_that_never_gets_healthy_times_out(tmp_path: Path) -> None:
                 startup_timeout_s=1.0,
             )
         )
+
+
+def test_the_run_key_reaches_every_component_in_its_environment_not_its_argv(
+    tmp_path: Path,
+) -> None:
+    from atroposlib.cli.local import run_key_environment
+
+    key = "run-key-abc"
+    show = "import os; print(os.environ['ATROPOS_API_KEY'], os.environ['ATROPOS_OPENAI__API_KEY'])"
+    with Supervisor(tmp_path, env=run_key_environment(key)) as supervisor:
+        for name in ("broker", "trainer"):
+            supervisor.start(Component(name, [sys.executable, "-c", show]))
+        for name in ("broker", "trainer"):
+            assert supervisor.wait(name, timeout_s=60) == 0
+            assert supervisor.log_tail(name).split() == [key, key]
+            assert not any(key in arg for arg in supervisor._find(name).component.argv)

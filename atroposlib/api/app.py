@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
@@ -22,7 +21,6 @@ from starlette.types import Receive, Scope, Send
 from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import GzipAnswers
-from atroposlib.api.guard import BrowserGuardMiddleware
 from atroposlib.api.hot import (
     BROKER_ERRORS,
     Answer,
@@ -64,7 +62,8 @@ from atroposlib.protocol import (
     WaitForTrainerResponse,
     WandbInfoResponse,
 )
-from atroposlib.web import require_bearer, validation_answer
+from atroposlib.security import mount_guard, require_bearer, warn_if_open
+from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +155,8 @@ def create_app(
     )
     hot = HotRoutes(runtime.get, settings, metrics)
     app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["*"],
-            allow_headers=["*"],
-        )
-    app.add_middleware(BrowserGuardMiddleware, guard=hot.guard)
+    mount_guard(app, settings, hot.guard)
+    warn_if_open(settings, "the broker")
 
     _service_routes(app, runtime.get, metrics)
     _trainer_routes(app, runtime.get, settings)

@@ -24,7 +24,6 @@ from atroposlib import codec
 from atroposlib.api.broker import Broker
 from atroposlib.api.compression import Gzipper, accepts_gzip
 from atroposlib.api.fastjson import decode_groups
-from atroposlib.api.guard import BrowserGuard
 from atroposlib.api.http import read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.openapi import request_body
@@ -43,7 +42,12 @@ from atroposlib.protocol import (
     ScoredDataListResponse,
     ScoredDataResponse,
 )
-from atroposlib.web import UNAUTHORIZED_DETAIL, UNAUTHORIZED_HEADERS, bearer_header_ok
+from atroposlib.security import (
+    UNAUTHORIZED_DETAIL,
+    UNAUTHORIZED_HEADERS,
+    BrowserGuard,
+    bearer_header_ok,
+)
 
 logger = logging.getLogger(__name__)
 

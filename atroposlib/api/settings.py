@@ -8,21 +8,19 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from atroposlib.security.access import AccessSettings
+
 logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 
-class BrokerSettings(BaseSettings):
+class BrokerSettings(BaseSettings, AccessSettings):
     """Everything the broker can be told: each field is a ``--flag`` and an ``ATROPOS_*`` var."""
 
     model_config = SettingsConfigDict(env_prefix="ATROPOS_", extra="ignore")
 
-    host: str = Field(
-        default="127.0.0.1",
-        description="Interface to listen on; use 0.0.0.0 to accept connections from other hosts.",
-    )
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     store: str = Field(
         default="sqlite:atropos_broker.sqlite3",
@@ -35,21 +33,6 @@ class BrokerSettings(BaseSettings):
         le=3600,
         description="Seconds between fsyncs of the sqlite store: a kill -9 loses nothing "
         "answered, a power loss at most the writes of this last interval.",
-    )
-    api_key: str | None = Field(
-        default=None,
-        description="When set, every request must send 'Authorization: Bearer <key>' "
-        "(also read from ATROPOS_API_KEY).",
-    )
-    cors_origins: list[str] = Field(
-        default_factory=list,
-        description="Browser origins allowed by CORS; empty means no cross-origin access.",
-    )
-    allowed_hosts: list[str] = Field(
-        default_factory=list,
-        description="Without --api-key: host names clients may use in URLs besides IP addresses,"
-        " localhost and this machine's names ('*': any); other names are refused (403) as a"
-        " browser's DNS-rebinding attempt.",
     )
     max_request_bytes: int = Field(
         default=64 * MiB, gt=0, description="Largest request body accepted as sent (413 above)."

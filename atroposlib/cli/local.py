@@ -31,6 +31,7 @@ from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.settings import LocalRunSettings, resolve
+from atroposlib.security import KEY_VARIABLE, new_key
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 
 PROG = "atropos-local"
@@ -63,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     layout = _layout(settings)
     console.print(f"run folder: {layout.run_dir}", soft_wrap=True)
     signal.signal(signal.SIGTERM, _interrupt)
-    with Supervisor(layout.run_dir) as supervisor, httpx.Client(timeout=2.0) as http:
+    key = new_key()
+    auth = {"Authorization": f"Bearer {key}"}
+    with (
+        httpx.Client(timeout=2.0, headers=auth) as http,
+        Supervisor(layout.run_dir, http=httpx.Client(timeout=2.0, headers=auth),
+                   env=run_key_environment(key)) as supervisor,
+    ):  # fmt: skip
         poller = StatusPoller(layout, http)
         try:
             with _display(settings) as display:
@@ -84,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         started_at=poller.status.started_at,
     )
     return code
+
+
+def run_key_environment(key: str) -> dict[str, str]:
+    """The variables that hand one run's key to every process: the broker, the inference
+    server (embedded: ``ATROPOS_API_KEY``; vLLM: ``VLLM_API_KEY``, its ``/v1`` routes), the
+    trainer (broker and weight pushes) and the env (broker and sampling)."""
+    return {KEY_VARIABLE: key, "ATROPOS_OPENAI__API_KEY": key, "VLLM_API_KEY": key}
 
 
 def _interrupt(signum: int, frame: object) -> None:

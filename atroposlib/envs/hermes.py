@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from atroposlib.utils.bounded_json import loads_bounded
+
 TOOLS_PROMPT = (
     "You can call these tools:\n<tools>\n{tools}\n</tools>\n"
     'To call one, reply <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call> '
@@ -52,7 +54,7 @@ def parse_tool_calls(
     calls = []
     for block in (_TOOL_CALL_OR_UNCLOSED if allow_unclosed else _TOOL_CALL).findall(text):
         try:
-            decoded = json.loads(block)
+            decoded = loads_bounded(block)
         except ValueError:
             continue
         if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
@@ -85,7 +87,7 @@ def tool_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
             with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments)
+                arguments = loads_bounded(arguments)
         call_json = json.dumps({"name": function.get("name"), "arguments": arguments})
         blocks.append(f"<tool_call>\n{call_json}\n</tool_call>")
     content = message.get("content") or ""

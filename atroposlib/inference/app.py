@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from transformers import PreTrainedModel
 
+from atroposlib.inference.control_api import admin_router
 from atroposlib.inference.control_api import router as control_router
 from atroposlib.inference.engine import ModelRunner, check_compatible, load_model
 from atroposlib.inference.limits import BodySizeLimit
@@ -40,7 +41,8 @@ from atroposlib.protocol import (
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
-from atroposlib.web import require_bearer, validation_answer
+from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
+from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
 
@@ -71,25 +73,22 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     chunks = {"/update_weights": (settings.max_weight_chunk_bytes, "--max-weight-chunk-bytes")}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
+    mount_guard(app, settings)
+    warn_if_open(settings, "the inference server")
     guarded = [Depends(require_bearer(settings.api_key))]
+    admin = [Depends(require_bearer(settings.admin_key, ADMIN_DETAIL))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)
     app.include_router(control_router, dependencies=guarded)
+    app.include_router(admin_router, dependencies=admin)
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route(
-        "/v1/load_lora_adapter",
-        load_lora_adapter,
-        methods=["POST"],
-        dependencies=guarded,
-        response_model=UpdateWeightsResponse,
-    )
-    app.add_api_route(
-        "/update_weights_from_disk",
-        update_weights_from_disk,
-        methods=["POST"],
-        dependencies=guarded,
-        response_model=UpdateWeightsResponse,
-    )
+    for path, route in (
+        ("/v1/load_lora_adapter", load_lora_adapter),
+        ("/update_weights_from_disk", update_weights_from_disk),
+    ):
+        app.add_api_route(
+            path, route, methods=["POST"], dependencies=admin, response_model=UpdateWeightsResponse
+        )
     return app
 
 

@@ -48,9 +48,12 @@ from atroposlib.protocol import (
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
+"""Routes that only read (is_paused, weight_info): the run's key."""
+admin_router = APIRouter()
+"""Routes that pause generation or change the weights: the admin key (else the run's key)."""
 
 
-@router.post("/pause", response_model=GenerationStateResponse)
+@admin_router.post("/pause", response_model=GenerationStateResponse)
 async def pause(
     request: Request,
     mode: Annotated[PauseMode, Query(description="abort, wait or keep (vLLM's modes).")] = "abort",
@@ -60,7 +63,7 @@ async def pause(
     return GenerationStateResponse(status="paused")
 
 
-@router.post("/resume", response_model=GenerationStateResponse)
+@admin_router.post("/resume", response_model=GenerationStateResponse)
 async def resume(request: Request) -> GenerationStateResponse:
     await server_state(request).scheduler.resume()
     return GenerationStateResponse(status="resumed")
@@ -71,7 +74,7 @@ async def is_paused(request: Request) -> IsPausedResponse:
     return IsPausedResponse(is_paused=server_state(request).scheduler.paused is not None)
 
 
-@router.post("/init_weight_transfer_engine", response_model=WeightTransferInitResponse)
+@admin_router.post("/init_weight_transfer_engine", response_model=WeightTransferInitResponse)
 async def init_weight_transfer_engine(
     body: WeightTransferInitRequest, request: Request
 ) -> WeightTransferInitResponse:
@@ -90,7 +93,7 @@ async def init_weight_transfer_engine(
     )
 
 
-@router.post("/start_weight_update", response_model=WeightTransferResponse)
+@admin_router.post("/start_weight_update", response_model=WeightTransferResponse)
 async def start_weight_update(request: Request) -> WeightTransferResponse:
     state = server_state(request)
     if state.transport is None:
@@ -105,7 +108,7 @@ async def start_weight_update(request: Request) -> WeightTransferResponse:
     return WeightTransferResponse(message="Weight update started")
 
 
-@router.post("/update_weights", response_model=WeightTransferResponse)
+@admin_router.post("/update_weights", response_model=WeightTransferResponse)
 async def update_weights(request: Request) -> WeightTransferResponse:
     """One chunk: a safetensors body (``http``) or JSON naming a shared-memory block."""
     state = server_state(request)
@@ -138,7 +141,7 @@ async def update_weights(request: Request) -> WeightTransferResponse:
     return WeightTransferResponse(message="Weights staged", tensors=staged)
 
 
-@router.post("/finish_weight_update", response_model=WeightTransferResponse)
+@admin_router.post("/finish_weight_update", response_model=WeightTransferResponse)
 async def finish_weight_update(
     request: Request, body: FinishWeightUpdateRequest | None = None
 ) -> WeightTransferResponse:
@@ -162,7 +165,7 @@ async def finish_weight_update(
     )
 
 
-@router.post("/update_weight_version", response_model=WeightTransferResponse)
+@admin_router.post("/update_weight_version", response_model=WeightTransferResponse)
 async def update_weight_version(
     body: UpdateWeightVersionRequest, request: Request
 ) -> WeightTransferResponse:
@@ -178,7 +181,7 @@ async def weight_info(request: Request) -> WeightInfoResponse:
     return WeightInfoResponse(weight_version=str(server_state(request).scheduler.weight_version))
 
 
-@router.post(
+@admin_router.post(
     "/weight_checker", response_model=WeightCheckerResponse, response_model_exclude_none=True
 )
 async def weight_checker(body: WeightCheckerRequest, request: Request) -> WeightCheckerResponse:
@@ -194,7 +197,7 @@ async def weight_checker(body: WeightCheckerRequest, request: Request) -> Weight
     return WeightCheckerResponse(match=not mismatches, mismatches=mismatches)
 
 
-@router.post("/reset_prefix_cache", response_model=ResetPrefixCacheResponse)
+@admin_router.post("/reset_prefix_cache", response_model=ResetPrefixCacheResponse)
 async def reset_prefix_cache(
     request: Request,
     reset_running_requests: Annotated[

@@ -6,11 +6,17 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from atroposlib.security.access import AccessSettings
+from atroposlib.utils.cli_settings import SharedApiKey
 
 
-class InferenceSettings(BaseSettings):
-    """``atropos-inference``: an OpenAI-compatible server around a transformers causal LM."""
+class InferenceSettings(BaseSettings, AccessSettings):
+    """``atropos-inference``: an OpenAI-compatible server around a transformers causal LM.
+
+    ``--api-key`` (else ``ATROPOS_INFERENCE_API_KEY``, else the run's ``ATROPOS_API_KEY``)
+    guards every route but ``/health``; the weight routes take ``--admin-api-key`` when set."""
 
     model_config = SettingsConfigDict(
         env_prefix="ATROPOS_INFERENCE_",
@@ -21,7 +27,6 @@ class InferenceSettings(BaseSettings):
     )
 
     model: str = Field(description="Local transformers model folder to serve.")
-    host: str = Field(default="127.0.0.1", description="Interface to bind.")
     port: int = Field(default=9001, ge=0, le=65535, description="TCP port to listen on.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="cpu", description="Where the model runs (auto: the GPU when torch sees one)."
@@ -65,9 +70,6 @@ class InferenceSettings(BaseSettings):
     served_model_name: str | None = Field(
         default=None, description="Name clients pass as `model`; defaults to the --model value."
     )
-    api_key: str | None = Field(
-        default=None, description="If set, every endpoint but /health needs `Bearer <key>`."
-    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Logging level of the server process."
     )
@@ -76,6 +78,18 @@ class InferenceSettings(BaseSettings):
         description="Test mode: append every sampled sequence (prompt ids, output ids, "
         "logprobs) to this JSONL file, to check clients train on exactly what was sampled.",
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        shared = SharedApiKey(settings_cls)
+        return (init_settings, env_settings, dotenv_settings, file_secret_settings, shared)
 
     @model_validator(mode="after")
     def _model_folder_exists(self) -> InferenceSettings:

@@ -33,7 +33,8 @@ printf '%s\\0' "$@" >"$FAKE_DIR/srun/$$.args"
 echo $$ >"$FAKE_DIR/pids/$$"
 name=""
 for arg in "$@"; do [[ $arg == --job-name=* ]] && name=${arg#--job-name=}; done
-printf '%s\\n' "${ATROPOS_API_KEY:-}" "${ATROPOS_TRAINER_BROKER_API_KEY:-}" >"$FAKE_DIR/keys-$name"
+printf '%s\\n' "${ATROPOS_API_KEY:-}" "${ATROPOS_TRAINER_BROKER_API_KEY:-}" \\
+    "${ATROPOS_OPENAI__API_KEY:-}" "${VLLM_API_KEY:-}" >"$FAKE_DIR/keys-$name"
 [[ -n ${FAKE_FAIL:-} && $name == "$FAKE_FAIL" ]] && exit 3
 if [[ $name == trainer && -z ${FAKE_TRAINER_HANGS:-} ]]; then
     sleep 0.5
@@ -276,3 +277,25 @@ def test_one_api_key_for_the_job_reaches_every_component_off_the_command_line(
     commands = (job.root / "logs" / "77" / "commands.tsv").read_text()
     assert key not in job.output + commands
     assert not any(key in arg for argv in job.launches for arg in argv)
+
+
+def test_without_a_given_key_the_job_generates_one_for_every_component(tmp_path: Path) -> None:
+    job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"])
+    assert job.returncode == 0, job.output
+    keys = {name: (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[:4]
+            for name in ("broker", "trainer", "env-reasoning_gym")}  # fmt: skip
+    key = keys["broker"][0]
+    assert len(key) >= 40  # 256 random bits
+    assert all(value == key for values in keys.values() for value in values)
+    saved = job.root / "logs" / "77" / "api_key"
+    assert saved.read_text().strip() == key and stat.S_IMODE(saved.stat().st_mode) == 0o600
+    assert not any(key in arg for argv in job.launches for arg in argv)
+    other = run_job(tmp_path / "again", "slurm-cpu-trial", ["cpu1"])
+    assert (other.root / "logs" / "77" / "api_key").read_text().strip() != key
+
+
+def test_an_empty_key_stops_the_job_before_anything_starts(tmp_path: Path) -> None:
+    job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"], ATROPOS_API_KEY="")
+    assert job.returncode != 0
+    assert "ATROPOS_API_KEY is set but empty" in job.output
+    assert job.launches == []

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from atroposlib.envs.reward_fns.registry import completion_text, register_reward
+from atroposlib.utils.bounded_json import loads_bounded
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -43,7 +44,7 @@ def normalize_call(call: dict[str, Any]) -> str | None:
         return None
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = loads_bounded(arguments) if arguments.strip() else {}
         except ValueError:
             return None
     if not isinstance(arguments, dict):
@@ -65,7 +66,7 @@ def parse_tool_calls(text: str) -> list[str] | None:
     calls = []
     for block in _TOOL_CALL.findall(text):
         try:
-            decoded = json.loads(block)
+            decoded = loads_bounded(block)
         except ValueError:
             return None
         canonical = normalize_call(decoded) if isinstance(decoded, dict) else None

@@ -20,19 +20,27 @@ environment reads with ``GET /{id}/nodes`` to score and train on. Routes (Atropo
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import secrets
 import time
 import uuid as uuid_lib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field
+from pydantic import Field, ValidationError
 
 from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.proxy_cli import load_servers_file
+from atroposlib.envs.server_handling.proxy_cli import (
+    access_fields,
+    add_access_flags,
+    load_servers_file,
+)
 from atroposlib.envs.server_handling.proxy_protocol import (
     ChatCompletionProxyRequest,
     ChatMessage,
@@ -64,6 +72,13 @@ from atroposlib.envs.server_handling.session_table import ServerChoiceError, Ses
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
 from atroposlib.inference.limits import BodySizeLimit
+from atroposlib.security import (
+    ADMIN_DETAIL,
+    AccessSettings,
+    mount_guard,
+    require_bearer,
+    warn_if_open,
+)
 
 __all__ = [
     "APIServerConfig",
@@ -89,7 +104,7 @@ logger = logging.getLogger(__name__)
 MiB = 1024 * 1024
 
 
-class ProxySettings(BaseModel):
+class ProxySettings(AccessSettings):
     max_sessions: int = Field(default=4096, ge=1, description="Open sessions at most (429 past).")
     idle_timeout_s: float = Field(
         default=3600.0, gt=0, description="A session idle this long is closed (logged)."
@@ -99,6 +114,12 @@ class ProxySettings(BaseModel):
         default=1024, ge=1, description="max_tokens of a request that sets none."
     )
     max_attempts: int = Field(default=3, ge=1, description="Tries per sample on server errors.")
+    max_session_nodes: int = Field(
+        default=4096, ge=1, description="Recorded sequences one session may hold (429 past)."
+    )
+    sweep_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between sweeps closing idle sessions."
+    )
 
 
 def create_app(
@@ -110,22 +131,44 @@ def create_app(
     """The proxy app over ``server_manager``'s servers (each session pinned to one)."""
     settings = settings or ProxySettings()
     table = SessionTable(server_manager, settings.max_sessions, settings.idle_timeout_s)
-    app = FastAPI(title="atroposlib managed-server proxy")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep_idle(table, settings.sweep_interval_s))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+
+    app = FastAPI(title="atroposlib managed-server proxy", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(Exception, _unexpected)
-    _add_service_routes(app, table, model_name)
-    _add_session_routes(app, table, tokenizer, model_name, settings)
+    mount_guard(app, settings)
+    warn_if_open(settings, "the managed-server proxy")
+    _add_health_route(app, table, model_name)
+    keyed = APIRouter(dependencies=[Depends(require_bearer(settings.api_key))])
+    _add_service_routes(keyed, table, model_name)
+    _add_listing_route(app, table, settings.admin_key)
+    _add_session_routes(keyed, table, tokenizer, model_name, settings)
+    app.include_router(keyed)
     return app
+
+
+async def _sweep_idle(table: SessionTable, interval_s: float) -> None:
+    """Close idle sessions every ``interval_s``, also when no new session comes to do it."""
+    while True:
+        await asyncio.sleep(interval_s)
+        table.close_idle()
 
 
 def _model_list(model_name: str) -> ModelListResponse:
     return ModelListResponse(data=[ModelEntry(id=model_name, created=int(time.time()))])
 
 
-def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> None:
-    """The routes about the proxy itself: health, models, servers, open sessions."""
+def _add_health_route(app: FastAPI, table: SessionTable, model_name: str) -> None:
+    """``GET /health``: open without a key, like every server's health."""
 
     @app.get("/health")
     async def health() -> ProxyHealth:
@@ -133,6 +176,10 @@ def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> N
         healthy = sum(1 for s in servers if getattr(s, "server_healthy", True))
         return ProxyHealth(model=model_name, sessions=len(table), servers=len(servers),
                            healthy_servers=healthy)  # fmt: skip
+
+
+def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) -> None:
+    """The routes about the proxy itself: models, servers."""
 
     @app.get("/v1/models")
     async def models() -> ModelListResponse:
@@ -143,7 +190,12 @@ def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> N
         return ServerList(servers=[_server_info(i, s, model_name) for i, s in
                                    enumerate(table.servers)])  # fmt: skip
 
-    @app.get("/sessions")
+
+def _add_listing_route(app: FastAPI, table: SessionTable, admin_key: str | None) -> None:
+    """``GET /sessions``: every session's id is its capability, so the list needs the admin
+    key (``admin_api_key``, else ``api_key``; open only when the proxy has no key at all)."""
+
+    @app.get("/sessions", dependencies=[Depends(require_bearer(admin_key, ADMIN_DETAIL))])
     async def list_sessions() -> SessionList:
         return SessionList(sessions=[
             SessionInfo(uuid=s.uuid, model_name=s.model_name, base_url=s.base_url,
@@ -151,6 +203,11 @@ def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> N
                         num_nodes=len(s.recorder.nodes))
             for s in table.sessions()
         ])  # fmt: skip
+
+
+def _new_session_id() -> str:
+    """A UUID of 122 random bits from the OS: the id is the session's capability."""
+    return str(uuid_lib.UUID(bytes=secrets.token_bytes(16), version=4))
 
 
 def _open_session(table: SessionTable, session_id: str) -> ProxySession:
@@ -162,7 +219,7 @@ def _open_session(table: SessionTable, session_id: str) -> ProxySession:
 
 
 def _add_session_routes(
-    app: FastAPI, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
+    app: APIRouter, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
 ) -> None:
     """Creating a session and everything under ``/{session_id}``."""
 
@@ -181,7 +238,7 @@ def _add_session_routes(
             raise HTTPException(exc.status_code, str(exc)) from exc
         recorder = SessionRecorder(server, tokenizer, body.tool_parser, settings.max_attempts)
         session = ProxySession(
-            uuid=str(uuid_lib.uuid4()), recorder=recorder, model_name=model_name,
+            uuid=_new_session_id(), recorder=recorder, model_name=model_name,
             tool_parser=body.tool_parser, base_url=table.base_url_of(server),
             temperature=body.temperature,
         )  # fmt: skip
@@ -197,6 +254,10 @@ def _add_session_routes(
         session_id: str, body: ChatCompletionProxyRequest
     ) -> ProxyChatCompletion:
         session = _open_session(table, session_id)
+        if len(session.recorder.nodes) >= settings.max_session_nodes:
+            limit = settings.max_session_nodes
+            raise HTTPException(429, f"session: {limit} nodes recorded (max_session_nodes); "
+                                "read them and open a new session")  # fmt: skip
         try:
             choices = await session.complete(body, settings.default_max_tokens)
         except TemplateRenderError as exc:
@@ -304,10 +365,14 @@ def main(argv: list[str] | None = None) -> None:
     """The proxy as a command: ``--config servers.json`` (its format: :mod:`proxy_cli`)."""
     parser = argparse.ArgumentParser(description="OpenAI-compatible managed-server proxy")
     parser.add_argument("--config", type=Path, required=True, help="servers.json (see module)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0: all hosts)")
     parser.add_argument("--port", type=int, default=9100)
+    add_access_flags(parser)
     parser.add_argument("--max-sessions", type=int, default=ProxySettings().max_sessions)
     args = parser.parse_args(argv)
+    try:
+        settings = ProxySettings(max_sessions=args.max_sessions, **access_fields(args))
+    except ValidationError as exc:
+        parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     import uvicorn
@@ -320,12 +385,12 @@ def main(argv: list[str] | None = None) -> None:
         server_manager=ServerManager(configs),
         tokenizer=tokenizer,
         model_name=servers.model_name,
-        settings=ProxySettings(max_sessions=args.max_sessions),
+        settings=settings,
     )
     for config in configs:
         logger.info("backend %s (%s)", config.base_url, config.server_type)
-    logger.info("proxy for %s on http://%s:%d", servers.model_name, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    logger.info("proxy for %s on http://%s:%d", servers.model_name, settings.host, args.port)
+    uvicorn.run(app, host=settings.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":

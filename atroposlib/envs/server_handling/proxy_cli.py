@@ -4,13 +4,17 @@
     {"model_name": "Qwen/Qwen3-4B", "tokenizer_name": null,
      "servers": [{"base_url": "http://gpu1:9001/v1", "server_type": "embedded"}]}
 
-Each server entry takes ``APIServerConfig``'s fields; the model name is shared.
+Each server entry takes ``APIServerConfig``'s fields; the model name is shared. The proxy's key
+comes from ``ATROPOS_API_KEY`` (or ``--api-key``; the variable keeps it out of ``ps``), its admin
+key (``GET /sessions`` of every client) from ``ATROPOS_ADMIN_API_KEY``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +49,33 @@ def load_servers_file(path: Path) -> ProxyServersFile:
         return ProxyServersFile.model_validate(json.loads(path.read_text()))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--config {path}: {exc}") from exc
+
+
+def add_access_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the proxy's :class:`~atroposlib.security.AccessSettings` fields."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 needs a key)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("ATROPOS_API_KEY"),
+        help="bearer key of every route but /health (default: ATROPOS_API_KEY)",
+    )
+    parser.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("ATROPOS_ADMIN_API_KEY"),
+        help="key that lists every session (default: ATROPOS_ADMIN_API_KEY)",
+    )
+    parser.add_argument(
+        "--insecure-no-key",
+        action="store_true",
+        help="listen on a non-loopback --host without a key (anyone may use it)",
+    )
+    parser.add_argument("--allowed-hosts", nargs="*", default=[],
+                        help="host names allowed besides IPs and local names")  # fmt: skip
+
+
+def access_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~atroposlib.security.AccessSettings` fields of parsed access flags."""
+    return {
+        "host": args.host, "api_key": args.api_key, "admin_api_key": args.admin_api_key,
+        "insecure_no_key": args.insecure_no_key, "allowed_hosts": args.allowed_hosts,
+    }  # fmt: skip

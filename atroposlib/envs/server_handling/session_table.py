@@ -73,13 +73,13 @@ class SessionTable:
 
     def add(self, session: ProxySession) -> bool:
         """Whether ``session`` was added (False: the table is full of active sessions)."""
-        self._close_idle()
+        self.close_idle()
         if len(self._sessions) >= self.max_sessions:
             return False
         self._sessions[session.uuid] = session
         return True
 
-    def _close_idle(self) -> None:
+    def close_idle(self) -> None:
         deadline = self.clock() - self.idle_timeout_s
         idle = [s for s in self._sessions.values() if s.last_accessed < deadline]
         for session in idle:

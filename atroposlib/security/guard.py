@@ -4,9 +4,11 @@ Without an API key, any page a user visits could make their browser call the bro
 localhost (an ``<img src=".../reset_data">`` wipes the queue), and a domain that resolves to
 127.0.0.1 turns such calls into same-origin ones. Browsers mark both: ``Sec-Fetch-Site`` and
 ``Origin`` name the calling site, ``Host`` the name the page used. Trainers, environments and
-tools (Atropos's included) send neither of the first two and reach a broker bound to loopback
-by an IP address, ``localhost`` or this machine's name, so they pass untouched. With an API key
-a browser cannot send the key on another site's behalf, and nothing here applies.
+tools (Atropos's included) send neither of the first two and reach a server bound to loopback
+by an IP address, ``localhost``, a single-label name (resolved by this machine or its site,
+never by the public DNS a rebinding page controls) or this machine's name, so they pass
+untouched. With an API key a browser cannot send the key on another site's behalf, and nothing
+here applies. Every server of ours (broker, inference, proxy) mounts this one guard.
 """
 
 from __future__ import annotations
@@ -15,12 +17,21 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Mapping
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from atroposlib.api.settings import BrokerSettings
+
+class GuardedServer(Protocol):
+    """What the guard reads of a server's settings (``AccessSettings`` has them)."""
+
+    host: str
+    api_key: str | None
+    allowed_hosts: list[str]
+    cors_origins: list[str]
+
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +55,7 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     name = _hostname(host)
     return name == "localhost" or (_is_ip(name) and ipaddress.ip_address(name).is_loopback)
 
@@ -58,12 +69,12 @@ def machine_names() -> set[str]:
 class BrowserGuard:
     """Decides, from a request's headers alone, whether a browser sent it for another site."""
 
-    def __init__(self, settings: BrokerSettings) -> None:
+    def __init__(self, settings: GuardedServer) -> None:
         self.enabled = settings.api_key is None
         allowed = settings.allowed_hosts
-        # Bound to a network address, the broker is open to that network anyway (with
+        # Bound to a network address, the server is open to that network anyway (with
         # docker/k8s service names in Host): there --api-key is the protection.
-        self._any_host = "*" in allowed or not _is_loopback(settings.host)
+        self._any_host = "*" in allowed or not is_loopback(settings.host)
         self._hosts = {h.lower() for h in allowed} | machine_names() | {_hostname(settings.host)}
         self._origins = {origin.rstrip("/").lower() for origin in settings.cors_origins}
         self._host_verdicts: dict[str, bool] = {}
@@ -78,6 +89,7 @@ class BrowserGuard:
             or name in self._hosts
             or name == "localhost"
             or name.endswith(".localhost")
+            or "." not in name
             or _is_ip(name)
         )
         if len(self._host_verdicts) < _VERDICTS_KEPT:
@@ -91,7 +103,7 @@ class BrowserGuard:
         host = headers.get("host", "")
         if host and not self._host_ok(host):
             return (
-                f"Host {host[:100]!r} is not a name of this broker (a DNS-rebinding page?); "
+                f"Host {host[:100]!r} is not a name of this server (a DNS-rebinding page?); "
                 "reach it by IP address, localhost or this machine's name, or add the name "
                 "to --allowed-hosts"
             )
@@ -103,7 +115,7 @@ class BrowserGuard:
                     "--cors-origins or set --api-key"
                 )
         elif headers.get("sec-fetch-site", "").lower() in _FOREIGN_FETCH and origin is None:
-            return "cross-site request from a web page refused; set --api-key to share the broker"
+            return "cross-site request from a web page refused; set --api-key to share the server"
         return None
 
 

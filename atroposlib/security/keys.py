@@ -1,0 +1,72 @@
+"""Bearer keys: checking one on a request, generating one for a run, refusing an empty one."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+
+from fastapi import HTTPException, Request
+
+UNAUTHORIZED_DETAIL = "missing or wrong bearer token; send 'Authorization: Bearer <api_key>'"
+ADMIN_DETAIL = (
+    "missing or wrong admin bearer token; this route needs 'Authorization: Bearer "
+    "<admin_api_key>' (the run's api_key when no admin_api_key is set)"
+)
+UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
+KEY_VARIABLE = "ATROPOS_API_KEY"
+"""The one variable a run's launchers set and every process of the run reads its key from."""
+
+
+def new_key() -> str:
+    """A fresh run key: 256 random bits, URL-safe (what ``atropos-local`` hands out)."""
+    return secrets.token_urlsafe(32)
+
+
+def bearer_header_ok(header: str, api_key: str) -> bool:
+    """``header`` as ASGI servers decode it (latin-1), so any byte compares, none raises.
+
+    >>> bearer_header_ok("Bearer s3cret", "s3cret"), bearer_header_ok("bearer  s3cret ", "s3cret")
+    (True, True)
+    >>> bearer_header_ok("s3cret", "s3cret"), bearer_header_ok("Bearer s3cr\\xe9t", "s3cret")
+    (False, False)
+    >>> bearer_header_ok("Bearer ", "")  # an empty key never opens anything
+    False
+    """
+    scheme, _, token = header.partition(" ")
+    wire = token.strip().encode("latin-1", errors="replace")
+    if not api_key or scheme.lower() != "bearer":
+        return False
+    return secrets.compare_digest(wire, api_key.encode())
+
+
+def non_empty_key(value: str | None, field: str) -> str | None:
+    """``value`` unless it is empty or blank: that is a start-up error naming the fix.
+
+    >>> non_empty_key(None, "api_key") is None, non_empty_key("k", "api_key")
+    (True, 'k')
+    >>> non_empty_key(" ", "api_key")
+    Traceback (most recent call last):
+    ...
+    ValueError: api_key is set but empty (ATROPOS_API_KEY= from a failed $(cat ...)?); ...
+    """
+    if value is not None and not value.strip():
+        raise ValueError(
+            f"{field} is set but empty (ATROPOS_API_KEY= from a failed $(cat ...)?); an empty "
+            f"key would open the server to anyone: set a real key or unset the variable"
+        )
+    return value
+
+
+def require_bearer(
+    api_key: str | None, detail: str = UNAUTHORIZED_DETAIL
+) -> Callable[[Request], Awaitable[None]]:
+    """The FastAPI dependency: 401 (``{"detail": ...}``, ``WWW-Authenticate: Bearer``) unless
+    the request carries ``Authorization: Bearer <api_key>``; no check when ``api_key`` is None."""
+
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        if not bearer_header_ok(request.headers.get("authorization", ""), api_key):
+            raise HTTPException(401, detail, headers=UNAUTHORIZED_HEADERS)
+
+    return check

@@ -1,0 +1,120 @@
+"""The proxy as an attacker meets it: no key, a wrong key, an empty key, a cross-site page, a
+rebinding name, someone else's session listing; each refused with its status and nothing
+changed (the session and its nodes). Limits name themselves in their 429."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from proxy_testlib import Manager, ScriptedEngine, asgi_client, proxy_app
+from pydantic import ValidationError
+from transformers import AutoTokenizer
+
+from atroposlib.envs.server_handling.managed_server_proxy import ProxySettings, create_app
+
+USER = {"messages": [{"role": "user", "content": "Hi"}]}
+KEY, ADMIN = {"authorization": "Bearer run-key"}, {"authorization": "Bearer admin-key"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(test_model_path: Path) -> Any:
+    return AutoTokenizer.from_pretrained(str(test_model_path))
+
+
+async def one_turn(http: httpx.AsyncClient, headers: dict[str, str]) -> tuple[str, list[Any]]:
+    session = (await http.post("/sessions/create", json={}, headers=headers)).json()["uuid"]
+    answer = await http.post(f"/{session}/v1/chat/completions", json=USER, headers=headers)
+    assert answer.status_code == 200, answer.text
+    nodes = (await http.get(f"/{session}/nodes", headers=headers)).json()["nodes"]
+    assert len(nodes) == 1
+    return session, nodes
+
+
+async def test_without_the_key_nothing_is_read_written_or_deleted(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, ["Hello.", "Again."])
+    app = proxy_app(tokenizer, engine, api_key="run-key", admin_api_key="admin-key")
+    async with asgi_client(app) as http:
+        session, nodes = await one_turn(http, KEY)
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Bearer "},
+                        {"authorization": "run-key"}):  # fmt: skip
+            for method, path in (("GET", f"/{session}/nodes"), ("DELETE", f"/{session}"),
+                                 ("POST", f"/{session}/v1/chat/completions"),
+                                 ("POST", "/sessions/create"), ("GET", "/sessions")):  # fmt: skip
+                body = USER if method == "POST" else None
+                answer = await http.request(method, path, json=body, headers=headers)
+                assert answer.status_code == 401, (headers, path)
+                assert "Bearer" in answer.json()["detail"]
+        assert (await http.get("/health")).status_code == 200
+        assert (await http.get(f"/{session}/nodes", headers=KEY)).json()["nodes"] == nodes
+        assert len(engine.sampled) == 1
+
+
+async def test_sessions_are_listed_to_the_admin_key_only(tokenizer: Any) -> None:
+    app = proxy_app(tokenizer, ScriptedEngine(tokenizer, ["Hello."]), api_key="run-key",
+                    admin_api_key="admin-key")  # fmt: skip
+    async with asgi_client(app) as http:
+        session, _ = await one_turn(http, KEY)
+        refused = await http.get("/sessions", headers=KEY)
+        assert refused.status_code == 401 and "admin_api_key" in refused.json()["detail"]
+        listed = await http.get("/sessions", headers=ADMIN)
+        assert [s["uuid"] for s in listed.json()["sessions"]] == [session]
+        assert (await http.post("/sessions/create", json={}, headers=ADMIN)).status_code == 401
+
+
+async def test_without_a_key_a_browser_page_cannot_reach_a_session(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, ["Hello."])
+    async with asgi_client(proxy_app(tokenizer, engine)) as http:
+        session, nodes = await one_turn(http, {})
+        for headers in ({"sec-fetch-site": "cross-site"}, {"origin": "https://evil.example"},
+                        {"host": "rebind.evil.example:9100"}):  # fmt: skip
+            for method, path in (("DELETE", f"/{session}"), ("GET", f"/{session}/nodes"),
+                                 ("GET", "/sessions"), ("POST", "/sessions/create")):  # fmt: skip
+                answer = await http.request(method, path, headers=headers)
+                assert answer.status_code == 403, (headers, path)
+        assert (await http.get(f"/{session}/nodes")).json()["nodes"] == nodes
+
+
+async def test_a_session_holds_at_most_max_session_nodes(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, ["Hello.", "Again."])
+    async with asgi_client(proxy_app(tokenizer, engine, max_session_nodes=1)) as http:
+        session, nodes = await one_turn(http, {})
+        full = await http.post(f"/{session}/v1/chat/completions", json=USER)
+        assert full.status_code == 429 and "max_session_nodes" in full.json()["detail"]
+        assert (await http.get(f"/{session}/nodes")).json()["nodes"] == nodes
+
+
+async def test_idle_sessions_are_swept_on_a_timer(tokenizer: Any) -> None:
+    settings = ProxySettings(idle_timeout_s=0.05, sweep_interval_s=0.05)
+    app = create_app(Manager(ScriptedEngine(tokenizer, [])), tokenizer, "smol", settings)
+    async with app.router.lifespan_context(app), asgi_client(app) as http:
+        await http.post("/sessions/create", json={})
+        assert (await http.get("/health")).json()["sessions"] == 1
+        await asyncio.sleep(0.3)
+        assert (await http.get("/health")).json()["sessions"] == 0
+
+
+def test_session_ids_are_random_uuids(tokenizer: Any) -> None:
+    from atroposlib.envs.server_handling.managed_server_proxy import _new_session_id
+
+    ids = {_new_session_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(len(i) == 36 and i[14] == "4" for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"api_key": ""}, "api_key is set but empty"),
+        ({"admin_api_key": " "}, "admin_api_key is set but empty"),
+        ({"host": "0.0.0.0"}, "--insecure-no-key"),
+    ],
+)
+def test_an_empty_key_or_an_open_bind_is_refused_at_start(
+    fields: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValidationError, match=named):
+        ProxySettings(**fields)
+    assert ProxySettings(host="0.0.0.0", insecure_no_key=True).api_key is None
