@@ -11,17 +11,21 @@ HEADLINES = (
 )  # fmt: skip
 
 
+SEPARATE = " (checked; the steps use this interpreter's own packages)"
+
+
 def header(body: dict[str, Any]) -> str:
     m = body["machine"]
     install = body["install"]
     wheels = (
         f"{install['wheels']} wheels installed for CPython {install['for_python']}"
-        f"{'' if install['usable'] else ' (checked; steps use this interpreter packages)'}"
+        f"{'' if install['usable'] else SEPARATE}"
         if install["ok"]
         else f"wheel install FAILED: {install['error']}"
     )
     return (
-        f"gpu-check on {m.get('gpu') or 'CPU'} ({body['device']}), commit {body['commit']}\n"
+        f"gpu-check on {m.get('gpu') or 'CPU'} ({body['device']}), commit {body['commit']} "
+        f"(prepared at {body['prepared_at']})\n"
         f"python {m.get('python')} torch {m.get('torch')} (CUDA {m.get('cuda')}) transformers "
         f"{m.get('transformers')}; {wheels}\n"
         f"{'step':<18} {'status':<9} {'s':>6}  figures"

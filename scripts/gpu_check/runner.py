@@ -53,7 +53,8 @@ def run(device: str, out: Path, prepared: Path, budget_s: float, only: list[str]
     env, installed = step_environment(prepared, work)
     body: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit() or prepared_commit(prepared),
+        "commit": commit(),
+        "prepared_at": prepared_commit(prepared),
         "device": device,
         "machine": machine(device, env),
         "install": installed,
@@ -175,9 +176,8 @@ def commit() -> str | None:
 
 
 def prepared_commit(prepared: Path) -> str | None:
-    """The commit ``prepare`` ran at (a copy of the tree without .git cannot say)."""
-    manifest = json.loads((prepared / "manifest.json").read_text())
-    return f"{manifest.get('commit')} (at prepare)" if manifest.get("commit") else None
+    """The commit ``prepare`` ran at: a copy of the tree may carry no .git, or an old one."""
+    return json.loads((prepared / "manifest.json").read_text()).get("commit") or None
 
 
 def machine(device: str, env: dict[str, str]) -> dict[str, Any]:
