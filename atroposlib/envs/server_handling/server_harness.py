@@ -88,7 +88,8 @@ class ServerHarness:
         self.sem.update_weight(self.weight)
 
     def metrics(self, name: str) -> dict[str, float]:
-        return {}
+        """The counters an APIServer reports (a harness never fails or leaves the rotation)."""
+        return {f"server/{name}_failures": 0.0, f"server/{name}_times_taken_out": 0.0}
 
     async def close(self) -> None:
         return None
