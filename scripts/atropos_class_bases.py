@@ -59,15 +59,22 @@ def hierarchy(tree: SourceTree) -> dict[str, Any]:
     return {"classes": dict(sorted(classes.items())), "bases": dict(sorted(bases.items()))}
 
 
+def unpack_wheel(target: Path, wheel: Path | None = None) -> Path:
+    """The atroposlib 0.4.0 wheel (downloaded with pip when not given) unpacked under
+    ``target``; returns the folder holding its ``atroposlib`` package."""
+    if wheel is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                        "--only-binary=:all:", "-d", str(target), "atroposlib==0.4.0"],
+                       check=True)  # fmt: skip
+        wheel = next(target.glob("atroposlib-0.4.0-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(target / "wheel")
+    return target / "wheel"
+
+
 def read_wheel(wheel: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        if wheel is None:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
-                            "atroposlib==0.4.0"], check=True)  # fmt: skip
-            wheel = next(Path(tmp).glob("atroposlib-0.4.0-*.whl"))
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(Path(tmp) / "wheel")
-        return hierarchy(SourceTree(Path(tmp) / "wheel"))
+        return hierarchy(SourceTree(unpack_wheel(Path(tmp), wheel)))
 
 
 def main(argv: list[str] | None = None) -> int:
