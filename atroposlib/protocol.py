@@ -236,7 +236,7 @@ Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1, description="Any int64.")
 STOP_LIST_MAX = 64
 Stop = str | TokenId | Annotated[list[str | TokenId], Field(max_length=STOP_LIST_MAX)]
 """Stop strings, token ids (as Atropos environments send ``[eos_token_id]``), or a mix."""
-OpenAIFinishReason = Literal["stop", "length", "abort"]
+OpenAIFinishReason = Literal["stop", "length", "abort", "tool_calls"]
 """``abort``: cut off by a pause in ``abort`` mode (vLLM's name); the tokens so far are kept."""
 
 
@@ -289,6 +289,12 @@ class ChatCompletionRequest(OpenAISamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="OpenAI tool specs, rendered by the chat template."
+    )
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = Field(
+        default=None, description='"none": replies are never parsed for tool calls.'
+    )
 
 
 class Usage(BaseModel):
@@ -337,7 +343,11 @@ class ChoiceLogprobs(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="OpenAI-shaped calls parsed from the reply (server's tool_call_parser).",
+    )
 
 
 class ChatChoice(BaseModel):

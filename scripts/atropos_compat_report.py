@@ -28,6 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atropos_names import SourceTree, our_object
 from atropos_own_tests import RESULTS, table
+from hermes_agent_envs import RESULTS as HERMES_RESULTS
+from hermes_agent_envs import section as hermes_section
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "docs" / "atropos-compat.json"
@@ -169,7 +171,9 @@ def render(manifest: dict[str, Any]) -> str:
                      f"{members} |")  # fmt: skip
     if RESULTS.exists():
         lines += ["", *table(json.loads(RESULTS.read_text()))]
-    return "\n".join(lines) + "\n"
+    if HERMES_RESULTS.exists():
+        lines += ["", *hermes_section(json.loads(HERMES_RESULTS.read_text()))]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -327,7 +327,7 @@ class BaseEnv(ABC):
             metrics=metrics,
             task_name=task_name or f"{self.name or type(self).__name__}_eval",
             model_name=model_name or self.server.servers[0].config.model_name,
-            seconds=(end_time or time.time()) - (start_time or time.time()),
+            seconds=_elapsed(start_time, end_time),
             generation_parameters={
                 "max_new_tokens": self.config.max_token_length,
                 **(generation_parameters or {}),
@@ -365,12 +365,14 @@ class BaseEnv(ABC):
         self._submit = submit
         self._on_step = on_step
 
-    def start_tracker(self, *, project: str | None, group: str | None) -> None:
+    def start_tracker(
+        self, *, project: str | None, group: str | None, run_name: str | None = None
+    ) -> None:
         self.tracker = make_tracker(
             self.config.use_wandb,
             project=project,
             group=group,
-            name=self.wandb_prepend or self.config.wandb_name or self.name,
+            name=run_name or self.wandb_prepend or self.config.wandb_name or self.name,
             config=self.config.model_dump(mode="json"),
         )
 
@@ -472,15 +474,29 @@ class BaseEnv(ABC):
             assert payload is not None
             for key in ATROPOS_NULL_KEYS:
                 payload.setdefault(key, None)
-            if self.config.include_messages and payload.get("messages") is None and self._tokenizer:
+            if self._decodes_messages(payload):
                 payload["messages"] = [
-                    [{"role": "assistant", "content": self._tokenizer.decode(seq)}]
+                    [{"role": "user", "content": self._tokenizer.decode(seq)}]
                     for seq in payload["tokens"]
                 ]
             self.stats.observe(payload)
             self.items_sent_this_step += 1
             accepted.append(payload)
         return accepted
+
+    @property
+    def aggregates_rollouts(self) -> bool:
+        """Whether groups are stacked from single rollouts (``collect_trajectory``) by the
+        default ``collect_trajectories``."""
+        return type(self).collect_trajectories is BaseEnv.collect_trajectories
+
+    def _decodes_messages(self, payload: dict[str, Any]) -> bool:
+        """``include_messages`` fills a group without messages with its decoded sequences, as
+        Atropos did (``user`` turns), except a stacked one (Atropos left ``[]`` there)."""
+        return bool(
+            self.config.include_messages and payload.get("messages") is None
+            and self._tokenizer is not None and not self.aggregates_rollouts
+        )  # fmt: skip
 
     def _checked(
         self, candidate: Any, max_token_len: int, require_trained: bool
@@ -515,3 +531,9 @@ class BaseEnv(ABC):
             await self.evaluate()
         except Exception:
             logger.exception("evaluate() failed")
+
+
+def _elapsed(start_time: float | None, end_time: float | None) -> float:
+    """Seconds an evaluation took; a bound not given is now (0.0 is a time, not "not given")."""
+    now = time.time()
+    return (now if end_time is None else end_time) - (now if start_time is None else start_time)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from atroposlib.envs.atropos_output import write_evaluate_config
 from atroposlib.envs.modes import MODES
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
@@ -76,13 +77,17 @@ def _teacher_configs(env_cls: type[ServedEnv], settings: EnvCliSettings) -> Any:
     return [APIServerConfig(**{**base_values, **given.model_dump(exclude_unset=True)})]
 
 
+def run_servers(env_cls: type[ServedEnv], settings: EnvCliSettings) -> Any:
+    """The inference servers of the run: the CLI's / YAML's, else ``config_init()``'s."""
+    servers: Any = settings.servers or ([settings.openai] if settings.openai else None)
+    return env_cls.config_init()[1] if servers is None else servers
+
+
 def build_env(env_cls: type[ServedEnv], settings: EnvCliSettings) -> ServedEnv:
     env_config = settings.env
     if env_config.wandb_name is None and env_cls.name:
         env_config.wandb_name = env_cls.name
-    servers: Any = settings.servers or ([settings.openai] if settings.openai else None)
-    if servers is None:
-        servers = env_cls.config_init()[1]
+    servers = run_servers(env_cls, settings)
     if _has_teacher(env_cls):
         return env_cls(  # type: ignore[call-arg]
             env_config,
@@ -104,6 +109,10 @@ def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
         _fail(f"unknown command {command!r}; use one of: {', '.join(MODES)}")
     settings = parse_settings(env_cls, command, rest)
     configure_logging(logging.INFO)
+    if command == "evaluate" and settings.env.data_dir_to_save_evals is not None:
+        write_evaluate_config(settings.env.data_dir_to_save_evals, settings.env,
+                              run_servers(env_cls, settings), slurm=settings.slurm,
+                              testing=settings.testing)  # fmt: skip
     try:
         env = build_env(env_cls, settings)
     except ConfigError as exc:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
+from atroposlib.envs.atropos_output import jsonl_line
 
 T = TypeVar("T")
 PROGRESS_FILE = "progress.json"
@@ -50,7 +50,7 @@ def write_eval_results(
     if samples:
         with (folder / "samples.jsonl").open("wb") as handle:
             for sample in samples:
-                handle.write(orjson.dumps(sample, default=str) + b"\n")
+                handle.write(jsonl_line(sample))
     logger.info("evaluation results written to %s", folder)
     return path
 

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import string
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from atroposlib.envs.atropos_output import atropos_row, jsonl_line
 from atroposlib.envs.storage import free_path
 from atroposlib.errors import BrokerRejectedError, ConfigError
 from atroposlib.utils.html_report import render_groups_html
@@ -69,10 +72,17 @@ def unauthorized_reason(url: str, sent_a_key: bool) -> str:
 
 
 def _for_report(env: ServedEnv, group: dict[str, Any]) -> dict[str, Any]:
+    """A row of the HTML report: the group, its sequences decoded when it has no messages."""
     if group.get("messages") or env.tokenizer_or_none() is None:
         return {"messages": None, **group}
     texts = [env.tokenizer_or_none().decode(tokens) for tokens in group["tokens"]]
     return {**group, "messages": [[{"role": "text", "content": t}] for t in texts]}
+
+
+def _process_run_name(env: ServedEnv) -> str:
+    """Atropos's wandb run name for ``process``: ``<env>-<date>-<6 random letters>``."""
+    suffix = "".join(random.choices(string.ascii_lowercase, k=6))
+    return f"{env.name or type(env).__name__}-{datetime.now():%Y-%m-%d}-{suffix}"
 
 
 ATTEMPTS_PER_ITEM = 3
@@ -199,6 +209,8 @@ async def process(
     path = free_path(Path(config.data_path_to_save_groups or "data/groups.jsonl"))
     path.parent.mkdir(parents=True, exist_ok=True)
     concurrency = max(1, env.max_num_workers)
+    env.start_tracker(project=None, group=None, run_name=_process_run_name(env))
+    env.curr_step = 0
     with path.open("wb") as jsonl, _progress() as progress:
         bar = progress.add_task("groups", total=state.target, rate=0.0, mean=float("nan"),
                                 rollouts=0)  # fmt: skip
@@ -214,17 +226,21 @@ async def process(
             outcomes = await asyncio.gather(*(_roll_out(env, item) for _, item in batch))
             for (key, item), outcome in zip(batch, outcomes, strict=True):
                 for group in outcome[0][: state.missing]:
-                    row = _for_report(env, group)
-                    jsonl.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-                    state.rows.append(row)
+                    row = atropos_row(group, aggregated=env.aggregates_rollouts)
+                    jsonl.write(jsonl_line(row))
+                    jsonl.flush()
+                    state.rows.append(_for_report(env, group))
                     state.scores.extend(float(s) for s in row["scores"])
                     state.rollouts_without_group, state.last_group_at = 0, clock()
+                    await env.wandb_log()  # per group, as Atropos: an env's own metrics
+                    env.curr_step += 1
                 _settle(state, key, item, outcome)
             elapsed = max(1e-9, clock() - state.started_at)
             mean = sum(state.scores) / len(state.scores) if state.scores else float("nan")
             progress.update(bar, completed=len(state.rows), rate=len(state.rows) / elapsed,
                             mean=mean, rollouts=state.rollouts)  # fmt: skip
     await env.server.close()
+    env.tracker.finish()
     return _finish_process(env, state, path)
 
 
@@ -306,7 +322,7 @@ MODES: dict[str, Mode] = {
             "total_steps": 2,
             "ensure_scores_are_not_same": False,
             "include_messages": True,
-            "use_wandb": False,
+            "use_wandb": True,
             "data_path_to_save_groups": f"data/{_env_name(cls)}.jsonl",
         },
     ),
@@ -314,7 +330,7 @@ MODES: dict[str, Mode] = {
         "run evaluate() once: metrics.json, samples.jsonl, a table",
         evaluate,
         lambda cls: {
-            "use_wandb": False,
+            "use_wandb": True,
             "data_dir_to_save_evals": f"eval_results/{_env_name(cls)}",
         },
     ),

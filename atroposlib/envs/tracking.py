@@ -63,7 +63,16 @@ def make_tracker(
     except ImportError:
         logger.warning("use_wandb is set but wandb is not installed: metrics are not logged")
         return NullTracker()
-    run = wandb.init(
-        project=project, group=group, name=name, config=config, reinit="finish_previous"
-    )
+    try:
+        run = wandb.init(
+            project=project, group=group, name=name, config=config, reinit="finish_previous"
+        )
+    except wandb.errors.UsageError as exc:  # no API key: nothing was sent anywhere
+        logger.warning(
+            "use_wandb is on (process and evaluate turn it on, as Atropos 0.4 did) but wandb "
+            "cannot start (%s): metrics are not logged; run `wandb login`, set "
+            "WANDB_MODE=offline, or pass --env.use_wandb false",
+            exc,
+        )
+        return NullTracker()
     return WandbTracker(run, wandb)

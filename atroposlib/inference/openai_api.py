@@ -36,11 +36,11 @@ from atroposlib.inference.streaming import (
     completion_events,
     sse_response,
 )
+from atroposlib.inference.tool_calls import reply_message
 from atroposlib.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessageOut,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
@@ -116,7 +116,7 @@ async def chat_completions(
     _check_common(state, body)
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
-    prompt = chat_prompt(state.runner, body.messages)
+    prompt = chat_prompt(state.runner, body.messages, body.tools, state.chat_template)
     max_new = body.max_completion_tokens or body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     limit = budget(state.runner, len(prompt), max_new, field)
@@ -130,17 +130,21 @@ async def chat_completions(
     if isinstance(done, Response):
         return done
     state.sample_log.record(done)
+    parser = state.settings.tool_call_parser
+    messages = [reply_message(seq.text, parser, body.tools, body.tool_choice) for seq in done]
     choices = [
         ChatChoice(
             index=i,
-            message=ChatMessageOut(content=seq.text),
+            message=message,
             logprobs=chat_logprobs(state, seq.output_ids, seq.logprobs, _top(seq))
             if body.logprobs
             else None,
-            finish_reason=finish_reason(seq.finish_reason) or "stop",
+            finish_reason="tool_calls"
+            if message.tool_calls
+            else finish_reason(seq.finish_reason) or "stop",
             token_ids=seq.output_ids,
         )
-        for i, seq in enumerate(done)
+        for i, (seq, message) in enumerate(zip(done, messages, strict=True))
     ]
     return ChatCompletionResponse(
         id=f"chatcmpl-{uuid.uuid4().hex}",

@@ -12,6 +12,7 @@ from jinja2 import TemplateError
 from atroposlib.inference.batch import Sequence
 from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.sampling import SamplingParams
+from atroposlib.inference.tool_calls import template_message
 from atroposlib.protocol import ChatMessageIn
 
 
@@ -63,17 +64,26 @@ def prompt_batch(
     return prompts
 
 
-def chat_prompt(runner: ModelRunner, messages: list[ChatMessageIn]) -> list[int]:
-    """Render ``messages`` with the model's chat template, ready for the assistant's turn."""
-    if runner.tokenizer.chat_template is None:
+def chat_prompt(
+    runner: ModelRunner,
+    messages: list[ChatMessageIn],
+    tools: list[dict[str, Any]] | None = None,
+    template: str | None = None,
+) -> list[int]:
+    """Render ``messages`` (and ``tools``, for templates that list them) with the chat
+    template (``template``, else the model's), ready for the assistant's turn."""
+    if template is None and runner.tokenizer.chat_template is None:
         raise bad_request("model", "the served model has no chat template; use /v1/completions")
-    plain = [message.model_dump(exclude_none=True) for message in messages]
+    plain = [template_message(message.model_dump(exclude_none=True)) for message in messages]
     for i, message in enumerate(plain):
         if isinstance(message.get("content"), list):
             message["content"] = _text_of(message["content"], f"messages[{i}].content")
+    options: dict[str, Any] = {"tools": tools} if tools else {}
+    if template is not None:
+        options["chat_template"] = template
     try:
         rendered = runner.tokenizer.apply_chat_template(
-            plain, tokenize=False, add_generation_prompt=True
+            plain, tokenize=False, add_generation_prompt=True, **options
         )
     except TemplateError as error:
         raise bad_request("messages", f"the chat template rejected them: {error}") from error

@@ -73,6 +73,17 @@ class InferenceSettings(BaseSettings, AccessSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Logging level of the server process."
     )
+    chat_template: Path | None = Field(
+        default=None,
+        description="A Jinja chat template file used instead of the model's own (vLLM's "
+        "--chat-template), e.g. one that renders `tools`.",
+    )
+    tool_call_parser: Literal["hermes"] | None = Field(
+        default=None,
+        description="Parse tool calls out of chat replies to requests with `tools` and return "
+        'them as OpenAI `tool_calls` (vLLM\'s --tool-call-parser); "hermes": '
+        "<tool_call>{json}</tool_call>. Unset: replies stay text.",
+    )
     sample_log: Path | None = Field(
         default=None,
         description="Test mode: append every sampled sequence (prompt ids, output ids, "
@@ -97,6 +108,11 @@ class InferenceSettings(BaseSettings, AccessSettings):
             raise ValueError(
                 f"model {self.model!r} is not a folder; pass --model with the path of a "
                 "transformers model folder (config.json, weights, tokenizer)"
+            )
+        if self.chat_template is not None and not self.chat_template.is_file():
+            raise ValueError(
+                f"chat_template {str(self.chat_template)!r} is not a file; pass --chat-template "
+                "with the path of a Jinja template"
             )
         return self
 

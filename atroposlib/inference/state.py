@@ -35,6 +35,9 @@ class ServerState:
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
         self.sample_log = SampleLog(self.settings.sample_log)
+        template = self.settings.chat_template
+        self.chat_template = template.read_text() if template is not None else None
+        """The ``--chat-template`` in use instead of the model's (None: the model's)."""
 
     @property
     def model_names(self) -> list[str]:

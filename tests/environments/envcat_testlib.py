@@ -41,7 +41,7 @@ def child_env() -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_MODE": "offline",
+        "WANDB_MODE": "disabled",
         "TOKENIZERS_PARALLELISM": "false",
     }
 

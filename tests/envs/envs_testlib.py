@@ -32,7 +32,7 @@ def child_env(**extra: str) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),
         "HF_HUB_OFFLINE": "1",
-        "WANDB_MODE": "offline",
+        "WANDB_MODE": "disabled",
         "EXAMPLE_TOKENIZER": tokenizer_path(),
     }
     env.update(extra)

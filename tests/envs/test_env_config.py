@@ -93,7 +93,9 @@ def test_process_defaults_sit_between_config_init_and_user_sources(tmp_path: Pat
     settings = parse_settings(AdditionEnv, "process", ["--env.total_steps", "7"], environ={})
     assert settings.env.total_steps == 7
     assert settings.env.data_path_to_save_groups == "data/addition.jsonl"
-    assert settings.env.use_wandb is False and settings.env.include_messages is True
+    assert settings.env.use_wandb is True and settings.env.include_messages is True
+    quiet = parse_settings(AdditionEnv, "process", ["--env.use_wandb", "false"], environ={})
+    assert quiet.env.use_wandb is False, "as in Atropos: on unless the CLI or YAML says off"
 
 
 @pytest.mark.parametrize(

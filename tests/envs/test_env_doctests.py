@@ -22,6 +22,8 @@ MODULES = [
     "atroposlib.envs.reward_fns.graded",
     "atroposlib.envs.heldout",
     "atroposlib.envs.hermes",
+    "atroposlib.inference.tool_calls",
+    "atroposlib.envs.atropos_output",
     "atroposlib.envs.trajectory",
     "atroposlib.envs.adapters.chat",
     "atroposlib.envs.adapters.openenv_env",

@@ -17,6 +17,7 @@ from envs_testlib import child_env
 
 from atroposlib.envs import modes
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.tracking import NullTracker
 
 ATROPOS_KEYS = {
     "tokens",
@@ -27,8 +28,9 @@ ATROPOS_KEYS = {
     "group_overrides",
     "distill_token_ids",
     "distill_logprobs",
-    "messages",
 }
+"""What Atropos 0.4 wrote for a group an env built itself without messages (include_messages
+off): its keys and these, null when the env set none."""
 
 
 def good_group(seed: int) -> ScoredDataGroup:
@@ -130,8 +132,34 @@ async def test_rows_carry_atropos_keys_with_nulls(tmp_path: Path) -> None:
     env = make_env(tmp_path, {}, items=3, total=2)
     await modes.process(env)
     for row in rows(tmp_path):
-        assert ATROPOS_KEYS <= set(row)
+        assert set(row) == ATROPOS_KEYS
         assert row["ref_logprobs"] is None and row["distill_logprobs"] is None
+
+
+class CountingEnv(ScriptedEnv):
+    """Records each ``wandb_log`` call, as an env that logs its own metrics would."""
+
+    logged: list[dict[str, Any] | None]
+
+    async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
+        self.logged = [*getattr(self, "logged", []), wandb_metrics]
+        await super().wandb_log(wandb_metrics)
+
+
+async def test_wandb_log_runs_once_per_written_group_and_wandb_off_stays_off(
+    tmp_path: Path,
+) -> None:
+    config = make_env(tmp_path, {}, items=5, total=3).config
+    env = CountingEnv(config, {}, items=5)
+    await modes.process(env)
+    assert len(rows(tmp_path)) == 3 and env.logged == [None, None, None]
+    assert isinstance(env.tracker, NullTracker), "use_wandb false: no wandb run, no network"
+    assert env.curr_step == 3
+
+
+def test_process_and_evaluate_turn_use_wandb_on_as_atropos_unless_told_not_to() -> None:
+    for command in ("process", "evaluate"):
+        assert modes.MODES[command].defaults(ScriptedEnv)["use_wandb"] is True
 
 
 NO_GROUP = [None]

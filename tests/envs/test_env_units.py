@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +220,27 @@ def test_no_wandb_is_a_null_tracker_and_offline_wandb_needs_no_network(
     tracker.log({"units_0/x": 1.0}, step=1)
     tracker.finish()
     assert list(tmp_path.glob("wandb/offline-run-*"))
+
+
+def test_wandb_without_an_api_key_warns_and_logs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``process`` turns use_wandb on as Atropos did; with no key it still runs, saying how."""
+    import wandb
+
+    from atroposlib.envs.tracking import NullTracker, make_tracker
+
+    wandb.teardown()  # settings read by an earlier test (WANDB_MODE=offline) are forgotten
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    with open(os.devnull) as no_terminal:  # nobody to ask for a key
+        monkeypatch.setattr("sys.stdin", no_terminal)
+        tracker = make_tracker(True, project="p", group=None, name="n", config={})
+    wandb.teardown()
+    assert isinstance(tracker, NullTracker)
+    assert "--env.use_wandb false" in caplog.text
 
 
 async def test_steps_trigger_evals_and_checkpoints(runner: EnvRunner) -> None:

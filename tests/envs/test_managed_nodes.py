@@ -75,6 +75,27 @@ async def test_a_later_turn_extends_its_node_in_place_without_retokenizing(
     assert x.logprobs == [1.0, 1.0, -0.5, 1.0, -0.5]
 
 
+async def test_track_tree_keeps_every_completion_as_a_node_keyed_by_its_text(
+    harness: ServerHarness,
+) -> None:
+    """Atropos 0.4's tree mode: parents stay, each node trains only its own completion."""
+    managed = ManagedServer(harness, track_tree=True)
+    script(harness, "Q", [1, *ids("Q")], "a", "b")
+    await managed.completion(prompt="Q", n=2)
+    parent = managed.get_state()["sequences"]["Qa"]
+    script(harness, "Qa?", [*parent.tokens, *ids("?")], "x")
+    await managed.completion(prompt="Qa?")
+    state = managed.get_state()
+    assert set(state) == {"sequences", "tree"} and state["tree"] == state["sequences"]
+    assert sorted(state["sequences"]) == ["Qa", "Qa?x", "Qb"], "the parent is kept"
+    child = state["sequences"]["Qa?x"]
+    assert child.tokens == [1, *ids("Qa?x")], "the parent's ids reused, not re-tokenized"
+    assert child.masked_tokens == [-100] * 4 + [ord("x")] and child.logprobs == [1.0] * 4 + [-0.5]
+    managed.reset()
+    assert managed.get_state()["sequences"] == {}
+    assert "track_tree" in ManagedServer.__init__.__code__.co_varnames[:4], "Atropos's order"
+
+
 async def test_a_server_that_changes_the_conversation_ids_is_an_error(
     harness: ServerHarness,
 ) -> None:

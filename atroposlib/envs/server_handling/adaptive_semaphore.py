@@ -6,13 +6,15 @@ import asyncio
 import math
 from collections import deque
 from types import TracebackType
+from typing import Literal
 
 __all__ = ["AsyncSemWithAdaptiveWeight"]
 
 
-class AsyncSemWithAdaptiveWeight:
+class AsyncSemWithAdaptiveWeight(asyncio.Semaphore):
     """``max_val`` request slots, of which ``capacity = max(1, floor(max_val * weight))`` may be
-    held at once; the rest are held back (``min_val()``) while the weight is below 1.
+    held at once; the rest are held back (``min_val()``) while the weight is below 1. An
+    ``asyncio.Semaphore`` (as in Atropos), with its own admission rules.
 
     The broker tells each env its share of inference (``env_weight``); lowering the weight
     lets requests already in flight finish and admits new ones only as slots drop below the
@@ -28,6 +30,7 @@ class AsyncSemWithAdaptiveWeight:
     def __init__(self, value: int) -> None:
         if value < 1:
             raise ValueError(f"a request semaphore needs at least one slot, got {value}")
+        super().__init__(value)
         self.max_val = value
         self.weight = 1.0
         self._value = value
@@ -57,7 +60,7 @@ class AsyncSemWithAdaptiveWeight:
         """Whether ``acquire()`` would wait: no free slot, or others are waiting already."""
         return self.free <= 0 or bool(self._waiters)
 
-    async def acquire(self) -> bool:
+    async def acquire(self) -> Literal[True]:
         if not self.locked():
             self._value -= 1
             return True

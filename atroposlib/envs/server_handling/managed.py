@@ -48,14 +48,20 @@ class SequenceNode(BaseModel):
 class ManagedServer:
     """Wraps a token server inside ``async with server.managed_server(tokenizer=...)``.
 
-    ``tokenizer``: the server's own (``server.tokenizer``) when not given.
+    ``tokenizer``: the server's own (``server.tokenizer``) when not given. ``track_tree``
+    (Atropos 0.4): keep every completion as its own node, keyed by its ``full_text`` in
+    ``sequences``, with the whole context masked (one trained span per node, for per-step
+    advantages); a continuation still reuses its parent's ids. ``get_state()`` then answers
+    ``{"sequences": ..., "tree": ...}`` instead of ``{"nodes": ...}``.
     """
 
-    def __init__(self, server: TokenBackend, tokenizer: Any = None) -> None:
+    def __init__(self, server: TokenBackend, tokenizer: Any = None, track_tree: bool = False):
         self.server = server
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer_of(server)
         self.model_name = _model_name_of(server)
+        self.track_tree = track_tree
         self.nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
 
     @property
     def current_nodes(self) -> list[SequenceNode]:
@@ -63,10 +69,13 @@ class ManagedServer:
         return self.nodes
 
     def get_state(self) -> dict[str, Any]:
+        if self.track_tree:
+            return {"sequences": dict(self.sequences), "tree": dict(self.sequences)}
         return {"nodes": list(self.nodes)}
 
     def reset(self) -> None:
         self.nodes = []
+        self.sequences = {}
 
     async def completion(self, *, prompt: str, n: int = 1, **sampling: Any) -> Completion:
         sampled = await self._sample(prompt, n, sampling, add_special_tokens=True)
@@ -94,7 +103,7 @@ class ManagedServer:
             prompt=prompt, input_ids=input_ids, n=n, **sampling
         )
         prompt_ids, outputs, logprobs, reasons = _checked(answer, parent)
-        if parent is None:
+        if parent is None or self.track_tree:
             context_masks = [MASK_IGNORE_INDEX] * len(prompt_ids)
             context_logprobs = [PROMPT_LOGPROB] * len(prompt_ids)
         else:
@@ -113,7 +122,9 @@ class ManagedServer:
             )
             sampled.append((node, list(output_ids)))
         children = [node for node, _ in sampled]
-        if parent is None:
+        if self.track_tree:
+            self.sequences.update((node.full_text, node) for node in children)
+        elif parent is None:
             self.nodes.extend(children)
         else:
             at = self.nodes.index(parent)
@@ -121,7 +132,8 @@ class ManagedServer:
         return sampled
 
     def _longest_prefix_node(self, prompt: str) -> SequenceNode | None:
-        matches = [node for node in self.nodes if prompt.startswith(node.full_text)]
+        known = self.sequences.values() if self.track_tree else self.nodes
+        matches = [node for node in known if prompt.startswith(node.full_text)]
         return max(matches, key=lambda node: len(node.full_text), default=None)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:

@@ -47,10 +47,11 @@ class ManagedServer(managed.ManagedServer):
         self,
         server: Any,
         tokenizer: Any = None,
+        track_tree: bool = False,
         tool_parser: str | None = None,
         preserve_think_blocks: bool = False,
     ) -> None:
-        super().__init__(server, tokenizer)
+        super().__init__(server, tokenizer, track_tree)
         self._tool_parser_name = tool_parser
         self._translator: ToolCallTranslator | None = None
         self._preserve_think_blocks = preserve_think_blocks

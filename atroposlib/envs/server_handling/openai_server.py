@@ -30,6 +30,8 @@ __all__ = [
     "OpenAIServer",
     "ReasoningConfig",
     "ServerBaseline",
+    "openai_chat_completion",
+    "openai_completion",
     "request_body",
     "resolve_openai_configs",
 ]
@@ -50,36 +52,47 @@ def request_body(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     return split_stop(body)
 
 
+async def openai_chat_completion(server: APIServer, kwargs: dict[str, Any]) -> ChatCompletion:
+    """``POST {base_url}/chat/completions`` for ``server`` (any engine with the OpenAI API):
+    the shared text path of OpenAIServer, VLLMServer and SGLangServer, which are siblings
+    under APIServer as in Atropos 0.4, not subclasses of one another."""
+    split = str(kwargs.get("split", "train"))
+    kwargs = inject_reasoning(kwargs, server.reasoning_config, server.base_url)
+    body = request_body(server.config.model_name, kwargs)
+    call = _request(server, f"{server.base_url}/chat/completions", body, ChatCompletion)
+    return await server.timed(split, call)
+
+
+async def openai_completion(server: APIServer, kwargs: dict[str, Any]) -> Completion:
+    """``POST {base_url}/completions`` for ``server``; see ``openai_chat_completion``."""
+    split = str(kwargs.get("split", "train"))
+    body = request_body(server.config.model_name, kwargs)
+    call = _request(server, f"{server.base_url}/completions", body, Completion)
+    return await server.timed(split, call)
+
+
+async def _request(server: APIServer, url: str, body: dict[str, Any], model: Any) -> Any:
+    data = await server.post_json(url, body)
+    if not isinstance(data, dict) or not data.get("choices"):
+        raise InferenceError(f"{url}: answer has no choices: {str(data)[:200]}")
+    data.setdefault("object", "chat.completion" if model is ChatCompletion else "text_completion")
+    data.setdefault("created", 0)
+    data.setdefault("model", server.config.model_name)
+    data.setdefault("id", "")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InferenceError(f"{url}: unreadable answer: {exc}") from exc
+
+
 class OpenAIServer(APIServer):
-    """Any server that speaks the OpenAI HTTP API (OpenAI, vLLM, SGLang, our embedded server)."""
+    """A server that speaks only the OpenAI HTTP API (text in, text out: no token ids)."""
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
-        split = str(kwargs.get("split", "train"))
-        kwargs = inject_reasoning(kwargs, self.reasoning_config, self.base_url)
-        body = request_body(self.config.model_name, kwargs)
-        call = self._request(f"{self.base_url}/chat/completions", body, ChatCompletion)
-        return await self.timed(split, call)
+        return await openai_chat_completion(self, kwargs)
 
     async def completion(self, **kwargs: Any) -> Completion:
-        split = str(kwargs.get("split", "train"))
-        body = request_body(self.config.model_name, kwargs)
-        call = self._request(f"{self.base_url}/completions", body, Completion)
-        return await self.timed(split, call)
-
-    async def _request(self, url: str, body: dict[str, Any], model: Any) -> Any:
-        data = await self.post_json(url, body)
-        if not isinstance(data, dict) or not data.get("choices"):
-            raise InferenceError(f"{url}: answer has no choices: {str(data)[:200]}")
-        data.setdefault(
-            "object", "chat.completion" if model is ChatCompletion else "text_completion"
-        )
-        data.setdefault("created", 0)
-        data.setdefault("model", self.config.model_name)
-        data.setdefault("id", "")
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise InferenceError(f"{url}: unreadable answer: {exc}") from exc
+        return await openai_completion(self, kwargs)
 
 
 def resolve_openai_configs(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -210,7 +211,7 @@ async def sample_tokens(
     )
 
 
-class APIServer:
+class APIServer(ABC):  # noqa: B024 - an ABC as in Atropos 0.4; every hook has a default
     """One inference server: a single HTTP attempt per call; retries live in the manager.
 
     A backend overrides ``chat_completion`` / ``completion`` (and ``generate``,

@@ -24,10 +24,13 @@ from typing import Any, Literal, NamedTuple
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.server_baseline import (
-    APIServer,
     APIServerConfig,
     GeneratedSequence,
+    TokenAnswer,
+    sample_tokens,
+    tokenizer_name_of,
 )
 
 __all__ = ["ServerHarness", "TokenScript", "create_chat_completion", "create_completion"]
@@ -44,16 +47,52 @@ class TokenScript(NamedTuple):
     finish_reasons: list[str]
 
 
-class ServerHarness(APIServer):
-    """A local server for ``--testing`` and tests; see the module docstring."""
+class ServerHarness:
+    """A local server for ``--testing`` and tests; see the module docstring.
+
+    Not an APIServer (nor is Atropos 0.4's): it has the calls and request slots a
+    ServerManager routes to, its own ``server_healthy`` flag, and no HTTP client.
+    """
 
     supports_token_ids = True
+    dead: str | None = None
 
     def __init__(self, config: APIServerConfig | None = None) -> None:
-        super().__init__(config or APIServerConfig(base_url="harness://local", health_check=False))
+        self.config = config or APIServerConfig(base_url="harness://local", health_check=False)
+        self.base_url = str(self.config.base_url)
         self.response_map: dict[str, ChatCompletion | Completion] = {}
         self.tokens_and_logprobs_map: dict[str, TokenScript] = {}
-        self._healthy: bool | None = None
+        self.server_healthy = True
+        """In rotation; a test may set it (Atropos's proxy tests do)."""
+        self.weight = 1.0
+        self.sem = AsyncSemWithAdaptiveWeight(self.config.num_max_requests_at_once)
+        self.eval_sem = AsyncSemWithAdaptiveWeight(self.config.num_requests_for_eval)
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The configured model's tokenizer, loaded on first use (token answers need it only
+        for a ``prompt`` given as text)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_name_of(self.config))
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    async def update_weight(self, weight: float) -> None:
+        self.weight = max(0.01, weight)
+        self.sem.update_weight(self.weight)
+
+    def metrics(self, name: str) -> dict[str, float]:
+        """The counters an APIServer reports (a harness never fails or leaves the rotation)."""
+        return {f"server/{name}_failures": 0.0, f"server/{name}_times_taken_out": 0.0}
+
+    async def close(self) -> None:
+        return None
 
     # ---- scripting ----------------------------------------------------------------------
 
@@ -129,11 +168,9 @@ class ServerHarness(APIServer):
         ]
         return Completion.model_validate(self._envelope("text_completion", choices))
 
-    async def tokens_and_logprobs_completion(
-        self, **kwargs: Any
-    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
         if not self.tokens_and_logprobs_map:
-            return await super().tokens_and_logprobs_completion(**kwargs)
+            return await sample_tokens(self.generate, lambda: self.tokenizer, kwargs)
         prompt = kwargs.get("prompt")
         script = self.tokens_and_logprobs_map.get(prompt) if isinstance(prompt, str) else None
         if script is None:
@@ -168,15 +205,6 @@ class ServerHarness(APIServer):
 
     async def health_check(self) -> bool:
         return True
-
-    @property
-    def server_healthy(self) -> bool:
-        """In rotation; a test may set it (Atropos's proxy tests do)."""
-        return self.breaker.allows_request() if self._healthy is None else self._healthy
-
-    @server_healthy.setter
-    def server_healthy(self, value: bool) -> None:
-        self._healthy = value
 
     def _scripted(self, kind: type[Any], key: str) -> Any:
         scripts = {k: v for k, v in self.response_map.items() if isinstance(v, kind)}

@@ -10,7 +10,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -120,7 +120,8 @@ class ServerManager:
         self.tool_parser = tool_parser
         """Tool-call parser for ``managed_server()`` chats with ``tools`` (``"hermes"``)."""
         if testing:
-            self.servers: list[APIServer] = [ServerHarness()]
+            # duck-typed like an APIServer, as Atropos's harness is
+            self.servers: list[APIServer] = [cast(APIServer, ServerHarness())]
         else:
             resolved = resolve_server_configs(configs, slurm=slurm)
             if server_class is APIServer or (

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
 from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
-from atroposlib.envs.server_handling.openai_server import OpenAIServer, resolve_openai_configs
+from atroposlib.envs.server_handling.openai_server import (
+    openai_chat_completion,
+    openai_completion,
+    resolve_openai_configs,
+)
 from atroposlib.envs.server_handling.reasoning import split_stop
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -115,10 +122,17 @@ def parse_input_logprobs(meta: Any, input_ids: list[int]) -> list[list[tuple[int
     return out
 
 
-class SGLangServer(OpenAIServer):
-    """OpenAI endpoints for text; ``/generate`` for token ids and logprobs."""
+class SGLangServer(APIServer):
+    """OpenAI endpoints for text; ``/generate`` for token ids and logprobs. Not an
+    OpenAIServer, as in Atropos 0.4 (see VLLMServer)."""
 
     supports_token_ids = True
+
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        return await openai_chat_completion(self, kwargs)
+
+    async def completion(self, **kwargs: Any) -> Completion:
+        return await openai_completion(self, kwargs)
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]

@@ -10,7 +10,8 @@ from openai.types.chat import ChatCompletion
 
 from atroposlib.envs.constants import NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.openai_server import (
-    OpenAIServer,
+    openai_chat_completion,
+    openai_completion,
     request_body,
     resolve_openai_configs,
 )
@@ -92,8 +93,10 @@ def parse_prompt_logprobs(entries: Any, input_ids: list[int]) -> list[list[tuple
     return out
 
 
-class VLLMServer(OpenAIServer):
-    """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned.
+class VLLMServer(APIServer):
+    """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned;
+    text through its OpenAI endpoints. Not an OpenAIServer (nor is it in Atropos 0.4: envs test
+    ``isinstance(server, OpenAIServer)`` to tell text-only servers from token servers).
 
     ``seed`` is never sent: vLLM's CPU build (0.32) kills its engine on a seeded request whose
     prefill it chunks ("CPU Generator does not use offset"), and every later request then fails;
@@ -119,10 +122,10 @@ class VLLMServer(OpenAIServer):
         return kept
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
-        return await super().chat_completion(**self._without_seed(kwargs))
+        return await openai_chat_completion(self, self._without_seed(kwargs))
 
     async def completion(self, **kwargs: Any) -> Completion:
-        return await super().completion(**self._without_seed(kwargs))
+        return await openai_completion(self, self._without_seed(kwargs))
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
