@@ -299,3 +299,20 @@ def test_an_empty_key_stops_the_job_before_anything_starts(tmp_path: Path) -> No
     assert job.returncode != 0
     assert "ATROPOS_API_KEY is set but empty" in job.output
     assert job.launches == []
+
+
+def test_every_shipped_vllm_command_returns_the_logprobs_of_what_it_sampled() -> None:
+    """docs/engines.md: without --logprobs-mode processed_logprobs vLLM returns the untempered
+    model's logprobs, and the trainer's ratio and corrections are wrong."""
+    import yaml
+
+    commands = [
+        str(yaml.safe_load(path.read_text()).get("vllm_command", ""))
+        for path in sorted((REPO / "configs").rglob("*.yaml"))
+    ]
+    sbatch = (REPO / "slurm/atropos.sbatch").read_text()
+    vllm_launch = sbatch[sbatch.index("vllm) INFER_CMD+=") :].split(";;")[0]
+    launches = [c for c in [*commands, vllm_launch] if "vllm.entrypoints.openai.api_server" in c]
+    assert len(launches) >= 2, "the sbatch script's and the gsm8k-1gpu config's"
+    for launch in launches:
+        assert "--logprobs-mode processed_logprobs" in " ".join(launch.split()), launch
