@@ -4,6 +4,8 @@ held-out strict accuracy, the warnings on the plain lines and in the summary."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -177,3 +179,39 @@ def test_a_new_warning_is_written_at_once_on_the_plain_lines() -> None:
     assert len(out) == 2
     assert out[0].endswith("| warning none")
     assert out[1].endswith("| warning held-out strict accuracy fell")
+
+
+@pytest.mark.slow
+def test_a_run_evaluates_during_training_and_records_every_snapshot(
+    tmp_path: Path, test_model_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "atroposlib.cli.local", "--run-dir", str(run_dir),
+         "--model", str(test_model_path), "--steps", "4", "--batch-size", "8",
+         "--group-size", "4", "--eval-size", "4", "--eval-every-steps", "2",
+         "--progress-interval-s", "5"],
+        env=subprocess_env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    snapshots = summary["held_out_snapshots"]
+    steps = [s["step"] for s in snapshots]
+    assert steps[0] == 0 and steps[-1] == 4  # before and after training
+    assert len(steps) == 3 and 2 <= steps[1] < 4  # one while the trainer stepped
+    assert (run_dir / f"eval_step{steps[1]}" / "samples.jsonl").exists()
+    assert all(0 <= s[k] <= 1 for s in snapshots for k in ("strict", "lenient", "format"))
+    best = summary["best_held_out"]
+    assert best["strict"] == max(s["strict"] for s in snapshots)
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "best").exists() == (best["step"] > 0)
+    if best["step"] > 0:
+        kept = json.loads((checkpoints / "best" / "held_out.json").read_text())
+        assert kept["step"] == best["step"]
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".held-out")]
+    assert isinstance(summary["warnings"], list)
+    assert "held-out strict by step: step 0 " in result.stdout
+    training = [line for line in result.stdout.splitlines() if line.startswith("training |")]
+    assert training and all(
+        " held-out strict " in line and " warning " in line for line in training
+    )

@@ -161,9 +161,11 @@ def _run(
         raise ComponentFailedError(
             f"trainer exited with code {trainer_code}:\n{supervisor.log_tail('trainer')}"
         )
+    watch.end_training()
     if watch.pending is not None:  # the last evaluation during training ends first
         status.phase = "held-out eval during training: finishing"
         _follow(supervisor, watch.pending.name, poller, display, watch.tick)
+    watch.tick()
     if settings.eval_size:
         _evaluate(settings, layout, watch, display, "after")
     status.phase = "done"

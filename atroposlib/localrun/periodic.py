@@ -87,6 +87,8 @@ class RunWatch:
         self.warnings_raised: list[dict[str, Any]] = []
         self.pending: _Pending | None = None
         self.groups = GroupFlags(layout.rollouts_file)
+        self.training = True
+        """Evaluations start only while the trainer runs (:meth:`end_training`)."""
         self._last_started = 0
 
     def tick(self) -> None:
@@ -94,9 +96,14 @@ class RunWatch:
         self._collect()
         step = self._trainer_step()
         every = self.settings.eval_every_steps
-        if every and self.pending is None and step >= self._last_started + every:
+        due = every and self._last_started + every <= step < self.settings.steps
+        if due and self.training and self.pending is None:  # the last step: the eval after
             self._start(step)
         self._refresh_warnings(step)
+
+    def end_training(self) -> None:
+        """The trainer is done: start no more evaluations (the one running may end)."""
+        self.training = False
 
     def record(self, folder: Path, step: int, weight_version: int | None) -> Snapshot | None:
         """Add the evaluation in ``folder`` (before/after training) as a snapshot."""
