@@ -161,6 +161,19 @@ def test_when_the_base_model_stays_best_no_weights_are_kept(tmp_path: Path) -> N
     assert watch.summary()["best_held_out"]["weights"] == "the base model (base-model)"
 
 
+def test_a_best_snapshot_whose_weights_folder_was_gone_says_so(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path, "base-model", 1, 2)
+    http = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    with Supervisor(tmp_path, http=http) as supervisor:
+        watch = RunWatch(LocalRunSettings(), layout, supervisor, StatusPoller(layout, http))
+        write_eval(layout.eval_dir("step2"), 0.5)
+        watch.record(layout.eval_dir("step2"), 2, 2)  # no checkpoints/weights/step-2
+    best = watch.summary()["best_held_out"]
+    assert best["step"] == 2
+    assert best["weights"] == "not kept: no folder checkpoints/weights/step-2"
+    assert not (layout.checkpoints / "best").exists()
+
+
 def test_periodic_evaluation_needs_held_out_problems() -> None:
     with pytest.raises(ValueError, match="--eval-every-steps needs held-out problems"):
         LocalRunSettings(eval_every_steps=5, eval_size=0)

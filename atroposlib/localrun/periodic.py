@@ -112,13 +112,15 @@ class RunWatch:
 
     def summary(self) -> dict[str, Any]:
         best = best_snapshot(self.snapshots)
-        weights = self.best_weights if best is not None and best.step > 0 else None
+        if best is None or self.best_weights is not None:
+            weights = str(self.best_weights)
+        elif best.weight_version:
+            weights = f"not kept: no folder checkpoints/weights/step-{best.weight_version}"
+        else:
+            weights = f"the base model ({self.layout.model})"
         return {
             "held_out_snapshots": [asdict(s) for s in self.snapshots],
-            "best_held_out": None if best is None else {
-                **asdict(best),
-                "weights": str(weights) if weights else f"the base model ({self.layout.model})",
-            },
+            "best_held_out": None if best is None else {**asdict(best), "weights": weights},
             "warnings": list(self.poller.status.warnings),
             "warnings_raised": self.warnings_raised,
         }  # fmt: skip
