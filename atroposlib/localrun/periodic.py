@@ -132,6 +132,8 @@ class RunWatch:
         weights = self._link_served(version, f".held-out-{label}")
         self.supervisor.start(component)
         self.pending = _Pending(component.name, self.layout.eval_dir(label), step, version, weights)
+        status = self.poller.status  # its progress on the display, the phase stays "training"
+        status.eval_folder, status.eval_progress = self.pending.folder, None
         self._last_started = step
         logger.info("held-out evaluation at step %d (weights v%s) started", step, version)
 
@@ -143,6 +145,7 @@ class RunWatch:
         if code is None:
             return
         self.pending = None
+        self.poller.status.eval_folder = None
         if code != 0:
             logger.warning(
                 "%s exited with code %d (the run goes on):\n%s",
