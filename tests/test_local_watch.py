@@ -22,6 +22,7 @@ from atroposlib.localrun.watch import (
     accuracy_warning,
     best_snapshot,
     dropped_groups_warning,
+    failing_groups,
 )
 
 
@@ -90,10 +91,20 @@ def test_group_flags_read_only_complete_lines(tmp_path: Path) -> None:
     flags = GroupFlags(path)
     assert flags.read() == []
     path.write_text('{"scores": [1, 0]}\n{"scores": [1, 1], "dropped": "all equal"}\n{"sco')
-    assert flags.read() == [False, True]
+    assert flags.read() == [(False, 0.5), (True, 1.0)]
     with path.open("a") as handle:
         handle.write('res": [0, 0], "dropped": "all equal"}\n')
-    assert flags.read() == [False, True, True]
+    assert flags.read() == [(False, 0.5), (True, 1.0), (True, 0.0)]
+    assert failing_groups(flags.read()) == [False, False, True]
+
+
+def test_groups_dropped_because_the_task_is_solved_do_not_warn() -> None:
+    start = [(i % 2 == 0, 0.5) for i in range(40)] + [(False, 1.0)]
+    solved = [(True, 1.5)] * 40  # every reply right and well formed: the best reward
+    collapsed = [(False, 1.5)] + [(True, 0.5)] * 40  # the format reward alone
+    assert dropped_groups_warning(failing_groups(start + solved), share=0.8) is None
+    warning = dropped_groups_warning(failing_groups(start + collapsed), share=0.8)
+    assert warning is not None and warning.startswith("100 % of the last 40 groups")
 
 
 def write_eval(folder: Path, strict: float) -> None:

@@ -34,6 +34,7 @@ from atroposlib.localrun.watch import (
     accuracy_warning,
     best_snapshot,
     dropped_groups_warning,
+    failing_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,23 +51,27 @@ class _Pending:
 
 
 class GroupFlags:
-    """One flag per group the env wrote to ``rollouts.jsonl``: was it dropped?"""
+    """Per group the env wrote to ``rollouts.jsonl``: (dropped?, mean reward)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.flags: list[bool] = []
+        self.groups: list[tuple[bool, float]] = []
         self._offset = 0
 
-    def read(self) -> list[bool]:
+    def read(self) -> list[tuple[bool, float]]:
         if self.path.exists():
             with self.path.open("rb") as handle:
                 handle.seek(self._offset)
                 complete, _, _ = handle.read().rpartition(b"\n")
             if complete:
                 self._offset += len(complete) + 1
-                lines = [line for line in complete.split(b"\n") if line.strip()]
-                self.flags += [bool(json.loads(line).get("dropped")) for line in lines]
-        return self.flags
+                lines = [json.loads(line) for line in complete.split(b"\n") if line.strip()]
+                self.groups += [(bool(g.get("dropped")), _mean(g.get("scores"))) for g in lines]
+        return self.groups
+
+
+def _mean(scores: Any) -> float:
+    return sum(scores) / len(scores) if scores else 0.0
 
 
 class RunWatch:
@@ -206,7 +211,9 @@ class RunWatch:
             w
             for w in (
                 accuracy_warning(self.snapshots, self.settings.eval_drop_warning),
-                dropped_groups_warning(self.groups.read(), self.settings.dropped_groups_warning),
+                dropped_groups_warning(
+                    failing_groups(self.groups.read()), self.settings.dropped_groups_warning
+                ),
             )
             if w is not None
         ]

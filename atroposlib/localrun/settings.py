@@ -81,7 +81,8 @@ class LocalRunSettings(BaseSettings):
         gt=0,
         le=1,
         description="Warn when this share of the latest 40 groups was dropped as uninformative "
-        "(all rewards equal), 0.3 or more above the share of the run's first 40.",
+        "(all rewards equal) below the best reward seen, 0.3 or more above the share of the "
+        "run's first 40 (groups dropped with the best reward, a solved task, do not count).",
     )
     seed: int = Field(default=0, description="Seed of the trainer.")
     keep_last_checkpoints: int = Field(

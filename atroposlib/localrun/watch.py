@@ -4,9 +4,10 @@ A sampled training reward can rise while the policy collapses (issue 35: a reply
 the format alone, 9 % held-out strict falling to 0.5 %). Two signs show it while the run goes:
 
 - held-out strict accuracy well below its best snapshot so far (``accuracy_warning``);
-- almost every group dropped as uninformative, all its rewards equal, far more than at the
-  start (``dropped_groups_warning``): the policy answers every prompt the same way (or has
-  solved the task), and each step needs many more groups.
+- almost every group dropped as uninformative, all its rewards equal and below the best
+  reward seen, far more than at the start (``dropped_groups_warning``): the policy answers
+  every prompt alike and not well, and each step needs many more groups. Groups dropped
+  with the best reward (the task solved) do not count (``failing_groups``).
 
 Everything here is a pure function of what the run recorded, so it is tested as a table.
 """
@@ -68,6 +69,19 @@ def accuracy_warning(snapshots: Sequence[Snapshot], drop: float) -> str | None:
     )
 
 
+def failing_groups(groups: Sequence[tuple[bool, float]]) -> list[bool]:
+    """Per group (dropped?, mean reward), in order: dropped below the best mean seen so far.
+
+    >>> failing_groups([(True, 0.5), (False, 1.0), (True, 1.5), (True, 0.5), (True, 1.5)])
+    [False, False, False, True, False]
+    """
+    flags, best = [], -float("inf")
+    for dropped, reward in groups:
+        best = max(best, reward)
+        flags.append(dropped and reward < best)
+    return flags
+
+
 def dropped_share(dropped: Sequence[bool]) -> float:
     return sum(dropped) / len(dropped) if dropped else 0.0
 
@@ -76,8 +90,8 @@ def dropped_groups_warning(
     dropped: Sequence[bool], share: float, window: int = DROPPED_WINDOW, rise: float = DROPPED_RISE
 ) -> str | None:
     """A warning when at least ``share`` of the latest ``window`` groups were dropped as
-    uninformative and that is ``rise`` more than of the run's first ``window`` groups
-    (``dropped``: one flag per group, in the order the env wrote them)."""
+    uninformative and below the best reward, ``rise`` more than of the run's first ``window``
+    groups (``dropped``: :func:`failing_groups`, in the order the env wrote them)."""
     if len(dropped) < 2 * window:
         return None
     first, latest = dropped_share(dropped[:window]), dropped_share(dropped[-window:])
@@ -85,6 +99,7 @@ def dropped_groups_warning(
         return None
     return (
         f"{100 * latest:.0f} % of the last {window} groups were dropped as uninformative "
-        f"(all rewards equal), {100 * first:.0f} % of the first {window}: the policy answers "
-        "every prompt alike (collapsed, or solved the task) and each step needs many more groups"
+        f"(all rewards equal, below the best seen), {100 * first:.0f} % of the first {window}: "
+        "the policy answers every prompt alike and not well (collapsed?) and each step needs "
+        "many more groups"
     )
