@@ -31,14 +31,20 @@ from atroposlib.localrun.components import free_port  # noqa: E402
 from atroposlib.utils.test_model import ensure_test_model  # noqa: E402
 
 
-def evaluate(model: str, out: Path, args: argparse.Namespace, share: bool) -> float:
+def evaluate(
+    model: str,
+    out: Path,
+    args: argparse.Namespace,
+    share: bool,
+    env: dict[str, str] | None = None,
+) -> float:
     """Start a server, run ``env.py evaluate`` on it, stop it; the evaluation's seconds."""
     port = free_port()
     flag = "--share-prompt-prefixes" if share else "--no-share-prompt-prefixes"
     server = subprocess.Popen(
         [sys.executable, "-m", "atroposlib.inference", "--model", model, "--port", str(port),
          "--served-model-name", "default", "--threads", str(args.threads), flag],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
@@ -55,7 +61,7 @@ def evaluate(model: str, out: Path, args: argparse.Namespace, share: bool) -> fl
              "--openai.model_name", "default", "--openai.server_type", "embedded",
              "--env.tokenizer_name", model, "--env.max_token_length", "256",
              "--env.eval_size", str(args.eval_size), "--env.data_dir_to_save_evals", str(out)],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         )  # fmt: skip
     finally:
         server.terminate()
@@ -70,12 +76,16 @@ def replies(folder: Path) -> dict[str, str]:
     return {row["problem"]: row["response"] for row in rows}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--env-config", default="configs/local-cpu-env.yaml")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     model = str(ensure_test_model())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
