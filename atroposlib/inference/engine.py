@@ -149,7 +149,8 @@ class ModelRunner:
     def _prefill_shared(self, rows: list[Sequence], contexts: list[tuple[int, ...]]) -> ActiveBatch:
         """Prefill for the fast path: a context of several rows becomes a
         :class:`SharedPrefix` (or reuses a running one computed by the same weights); a
-        context of one row is that row's private cache."""
+        context of one row is that row's private cache, after the beginning it shares with
+        other prompts when ``share_prompt_prefixes`` finds one (:meth:`_continued_prefixes`)."""
         counts: dict[tuple[int, ...], int] = {}
         for context in contexts:
             counts[context] = counts.get(context, 0) + 1
