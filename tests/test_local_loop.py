@@ -47,8 +47,15 @@ def test_short_local_run_trains_syncs_weights_and_cleans_up(
     first = train_rows[0]
     if first["train/trained_tokens"] > 0:
         assert abs(first["train/is_weight"] - 1.0) <= 1e-4
-    # the last checkpoint and the final weights, nothing older (checkpoints at steps 1 and 2)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2", "weights"]
+    # the last checkpoint and the final weights, nothing older (checkpoints at steps 1 and 2);
+    # best: links to the final weights when they beat the base model on the held-out problems
+    best = summary["best_held_out"]
+    kept = ["best"] if best["step"] > 0 else []
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        *kept,
+        "step-2",
+        "weights",
+    ]
     assert [p.name for p in (run_dir / "checkpoints" / "weights").iterdir()] == ["step-2"]
     assert 0 < summary["disk_bytes"] <= report.disk_usage(run_dir) < 1.5e9
     held_out = summary["held_out_eval"]
@@ -191,10 +198,10 @@ def test_plain_lines_come_every_interval_and_at_each_phase_with_every_field() ->
     assert "step 0 / 40 | reward - | loss - | tokens/s - | queue (groups) - | weights -" in out[0]
     assert out[1].endswith(
         "step 3 / 40 | reward (env rg) 0.400 | loss 0.2500 | tokens/s 180 | queue (groups) 2 | "
-        "weights v3 | held-out eval -"
+        "weights v3 | held-out eval - | held-out strict - | warning none"
     )
     assert out[2].startswith("held-out eval after training | ")
-    assert out[2].endswith("held-out eval 5 / 200 answered")
+    assert out[2].endswith("held-out eval 5 / 200 answered | held-out strict - | warning none")
 
 
 def test_the_panel_keeps_every_row_when_a_sync_row_comes_last(tmp_path: Path) -> None:

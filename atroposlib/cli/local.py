@@ -7,7 +7,8 @@ separate processes talking HTTP, shows progress (a live panel in a terminal, pla
 finishes. The run folder keeps logs/, checkpoints/ (the last checkpoint and the final weights),
 rollouts.jsonl, metrics.jsonl, reward_curve.png and summary.json; with ``--eval-size N`` the same
 N distinct held-out problems are answered greedily before and after training (eval_before/,
-eval_after/).
+eval_after/), and with ``--eval-every-steps K`` every K steps during training as well (eval_stepK/,
+the best weights in checkpoints/best; :mod:`atroposlib.localrun.periodic`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -30,6 +33,7 @@ from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
+from atroposlib.localrun.periodic import RunWatch
 from atroposlib.localrun.settings import LocalRunSettings, resolve
 from atroposlib.security import KEY_VARIABLE, new_key
 from atroposlib.utils.cli import exit_with_error, parse_command_line
@@ -72,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                    env=run_key_environment(key)) as supervisor,
     ):  # fmt: skip
         poller = StatusPoller(layout, http)
+        watch = RunWatch(settings, layout, supervisor, poller)
         try:
             with _display(settings) as display:
-                code = _run(settings, layout, supervisor, poller, display)
+                code = _run(settings, layout, supervisor, watch, display)
         except ComponentFailedError as err:
             errors.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
             code = 1
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         weight_version=poller.status.weight_version,
         pids=pids,
         started_at=poller.status.started_at,
+        held_out=watch.summary(),
     )
     return code
 
@@ -135,27 +141,33 @@ def _run(
     settings: LocalRunSettings,
     layout: RunLayout,
     supervisor: Supervisor,
-    poller: StatusPoller,
+    watch: RunWatch,
     display: Display,
 ) -> int:
+    poller = watch.poller
     status = poller.status
     status.phase = "starting broker and inference server"
     display.update(status)
     supervisor.start(components.broker(layout))
     supervisor.start(components.inference(layout, settings))
     if settings.eval_size:
-        _evaluate(settings, layout, supervisor, poller, display, "before")
+        _evaluate(settings, layout, watch, display, "before")
     status.phase = "training"
     supervisor.start(components.trainer(layout, settings))
     supervisor.start(components.environment(layout, settings))
-    _follow(supervisor, "trainer", poller, display)
+    _follow(supervisor, "trainer", poller, display, watch.tick)
     trainer_code = supervisor.returncode("trainer")
     if trainer_code != 0:
         raise ComponentFailedError(
             f"trainer exited with code {trainer_code}:\n{supervisor.log_tail('trainer')}"
         )
+    watch.end_training()
+    if watch.pending is not None:  # the last evaluation during training ends first
+        status.phase = "held-out eval during training: finishing"
+        _follow(supervisor, watch.pending.name, poller, display, watch.tick)
+    watch.tick()
     if settings.eval_size:
-        _evaluate(settings, layout, supervisor, poller, display, "after")
+        _evaluate(settings, layout, watch, display, "after")
     status.phase = "done"
     display.update(poller.poll(fresh_weights=True))
     return 0
@@ -164,13 +176,16 @@ def _run(
 def _evaluate(
     settings: LocalRunSettings,
     layout: RunLayout,
-    supervisor: Supervisor,
-    poller: StatusPoller,
+    watch: RunWatch,
     display: Display,
     label: str,
 ) -> None:
-    """Greedy answers to the held-out problems, with their progress on the display."""
+    """Greedy answers to the held-out problems, with their progress on the display; a
+    snapshot of the served weights (step 0 before training)."""
+    supervisor, poller = watch.supervisor, watch.poller
     component = components.evaluation(layout, settings, label)
+    version = poller.poll(fresh_weights=True).weight_version
+    step = int(poller.status.train_row.get("step") or 0)
     poller.status.start_eval(f"held-out eval {label} training", layout.eval_dir(label))
     supervisor.start(component)
     _follow(supervisor, component.name, poller, display)
@@ -179,15 +194,26 @@ def _evaluate(
         raise ComponentFailedError(
             f"{component.name} exited with code {code}:\n{supervisor.log_tail(component.name)}"
         )
+    watch.record(layout.eval_dir(label), step, version)
     poller.status.end_eval(f"held-out eval {label} training: done")
     display.update(poller.poll())
 
 
-def _follow(supervisor: Supervisor, name: str, poller: StatusPoller, display: Display) -> None:
-    """Refresh the display until component ``name`` exits; a failed env stops the run."""
+def _follow(
+    supervisor: Supervisor,
+    name: str,
+    poller: StatusPoller,
+    display: Display,
+    tick: Callable[[], None] | None = None,
+) -> None:
+    """Refresh the display until component ``name`` exits, calling ``tick`` after every
+    poll; a failed env stops the run."""
     while supervisor.returncode(name) is None:
         _raise_if_env_failed(supervisor)
-        display.update(poller.poll())
+        poller.poll()
+        if tick is not None:
+            tick()
+        display.update(poller.status)
         time.sleep(1.0)
     display.update(poller.poll())
 
@@ -208,6 +234,7 @@ def _write_report(
     weight_version: int | None,
     pids: dict[str, int],
     started_at: float,
+    held_out: dict[str, Any],
 ) -> None:
     env_config = yaml.safe_load(settings.env_config.read_text()) or {}
     env_section = env_config.get("env") or {}
@@ -232,6 +259,7 @@ def _write_report(
         wall_s=round(time.monotonic() - started_at, 1),
         disk_bytes=report.disk_usage(layout.run_dir),
         pids=pids,
+        **held_out,
     )
     for line in report.headline(summary):
         console.print(line, highlight=False, soft_wrap=True)

@@ -55,7 +55,11 @@ def create_app(settings: InferenceSettings) -> FastAPI:
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)
         runner = await asyncio.to_thread(
-            ModelRunner, settings.model, settings.device, settings.dtype
+            ModelRunner,
+            settings.model,
+            settings.device,
+            settings.dtype,
+            share_prompt_prefixes=settings.share_prompt_prefixes,
         )
         scheduler = Scheduler(runner, max_batch_size=settings.max_batch_size)
         scheduler.start()

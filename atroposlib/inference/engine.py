@@ -17,6 +17,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from atroposlib.inference.batch import ActiveBatch, PaddedCache, Sequence
 from atroposlib.inference.fast_decode import context_kv, decode_step, empty_cache, supports
 from atroposlib.inference.kv_cache import PrefixSharedCache, SharedPrefix
+from atroposlib.inference.prompt_prefix import (
+    MIN_SHARED_TOKENS,
+    Context,
+    common_prefix_length,
+    live_prefix_of,
+    run_tails,
+)
 from atroposlib.inference.sampling import sample_next
 
 logger = logging.getLogger(__name__)
@@ -70,6 +77,8 @@ class ModelRunner:
     ``fast_decode`` (default) decodes architectures :func:`fast_decode.supports` knows with
     the shared-prompt cache of :mod:`atroposlib.inference.kv_cache`; others, or
     ``fast_decode=False``, use the transformers forward and its cache, left-padded.
+    ``share_prompt_prefixes`` (fast path only) runs the beginning that distinct prompts share
+    once (:mod:`atroposlib.inference.prompt_prefix`).
     """
 
     def __init__(
@@ -78,11 +87,13 @@ class ModelRunner:
         device: str = "cpu",
         dtype: str = "auto",
         fast_decode: bool = True,
+        share_prompt_prefixes: bool = True,
     ) -> None:
         self.device = device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.want_fast_decode = fast_decode
+        self.share_prompt_prefixes = share_prompt_prefixes
         self.weights_generation = 0
         """Bumped whenever the served weights change: cached prompts of older ones are stale."""
         self._prefixes: weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix] = (
@@ -138,7 +149,8 @@ class ModelRunner:
     def _prefill_shared(self, rows: list[Sequence], contexts: list[tuple[int, ...]]) -> ActiveBatch:
         """Prefill for the fast path: a context of several rows becomes a
         :class:`SharedPrefix` (or reuses a running one computed by the same weights); a
-        context of one row is that row's private cache."""
+        context of one row is that row's private cache, after the beginning it shares with
+        other prompts when ``share_prompt_prefixes`` finds one (:meth:`_continued_prefixes`)."""
         counts: dict[tuple[int, ...], int] = {}
         for context in contexts:
             counts[context] = counts.get(context, 0) + 1
@@ -148,6 +160,10 @@ class ModelRunner:
             if running is not None and running.generation == self.weights_generation:
                 shared[context] = running
         fresh = [context for context in counts if context not in shared]
+        continued: dict[Context, SharedPrefix] = {}
+        if self.share_prompt_prefixes:
+            continued = self._continued_prefixes([c for c in fresh if counts[c] == 1])
+            fresh = [context for context in fresh if context not in continued]
         private: dict[tuple[int, ...], Tensor] = {}
         logits_of: dict[tuple[int, ...], Tensor] = {}
         if fresh:
@@ -161,15 +177,40 @@ class ModelRunner:
                     shared[context] = self._prefixes[context] = prefix
                 else:
                     private[context], logits_of[context] = kv, logits[i]
+        for prefix, tails in _grouped(continued):
+            kvs, tail_logits = run_tails(self.model, prefix, tails, self.pad_token_id)
+            for i, context in enumerate(tails):
+                private[context], logits_of[context] = kvs[i], tail_logits[i]
         for context, prefix in shared.items():
             logits_of[context] = prefix.last_logits
         kv_cache = empty_cache(self.model, torch.device(self.device))
-        kv_cache.add_rows([shared.get(c) for c in contexts], [private.get(c) for c in contexts])
+        prefixes = [shared.get(c) or continued.get(c) for c in contexts]
+        kv_cache.add_rows(prefixes, [private.get(c) for c in contexts])
         positions = torch.tensor([len(c) for c in contexts], device=self.device)
         first = torch.zeros(len(rows), dtype=torch.long, device=self.device)
         batch = ActiveBatch(rows, kv_cache, first, positions)
         self._sample_into(batch, torch.stack([logits_of[c] for c in contexts]))
         return batch
+
+    def _continued_prefixes(self, lone: list[Context]) -> dict[Context, SharedPrefix]:
+        """The shared beginning each of ``lone`` (contexts of one row) continues: a running
+        prefix of these weights, else the beginning the rest have in common, run once now."""
+        running = list(self._prefixes.values())
+        found: dict[Context, SharedPrefix] = {}
+        for context in lone:
+            prefix = live_prefix_of(context, running, self.weights_generation)
+            if prefix is not None and len(prefix.tokens) >= MIN_SHARED_TOKENS:
+                found[context] = prefix
+        rest = [context for context in lone if context not in found]
+        length = common_prefix_length(rest) if len(rest) > 1 else 0
+        if length >= MIN_SHARED_TOKENS:
+            tokens = rest[0][:length]
+            cache, _, logits = self._run_contexts([tokens])
+            kv = context_kv(cache, 0, length)
+            prefix = SharedPrefix(tokens, kv[0], kv[1], self.weights_generation, logits[0].clone())
+            self._prefixes[tokens] = prefix
+            found.update(dict.fromkeys(rest, prefix))
+        return found
 
     def _run_contexts(self, contexts: list[tuple[int, ...]]) -> tuple[DynamicCache, Tensor, Tensor]:
         """The transformers forward over ``contexts`` (left-padded): its cache, the mask
@@ -287,3 +328,11 @@ class ModelRunner:
             row.finish_reason = "length"
         if row.finished:
             row.text = str(self.tokenizer.decode(row.output_ids, skip_special_tokens=True))
+
+
+def _grouped(continued: dict[Context, SharedPrefix]) -> list[tuple[SharedPrefix, list[Context]]]:
+    """Each shared prefix with the contexts that continue it, in order."""
+    groups: dict[int, tuple[SharedPrefix, list[Context]]] = {}
+    for context, prefix in continued.items():
+        groups.setdefault(id(prefix), (prefix, []))[1].append(context)
+    return list(groups.values())

@@ -20,9 +20,11 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from atroposlib.envs.evaluation import read_progress
 from atroposlib.localrun.components import RunLayout
+from atroposlib.localrun.watch import Snapshot
 
 UNKNOWN = "-"
 
@@ -40,6 +42,11 @@ class RunStatus:
     """Latest mean reward of each environment seen so far."""
     eval_folder: Path | None = None
     eval_progress: tuple[int, int] | None = None
+    held_out: Snapshot | None = None
+    """The latest held-out snapshot (before, during or after training)."""
+    best_held_out: Snapshot | None = None
+    warnings: list[str] = field(default_factory=list)
+    """What is going wrong now (:mod:`atroposlib.localrun.watch`); empty: nothing seen."""
 
     def start_eval(self, phase: str, folder: Path) -> None:
         self.phase, self.eval_folder, self.eval_progress = phase, folder, None
@@ -135,7 +142,19 @@ def facts(status: RunStatus, total_steps: int) -> list[tuple[str, str]]:
         ("queue (groups)", _number(status.queue_groups, "d")),
         ("weights", UNKNOWN if status.weight_version is None else f"v{status.weight_version}"),
         ("held-out eval", f"{progress[0]} / {progress[1]} answered" if progress else UNKNOWN),
+        ("held-out strict", _held_out(status.held_out, status.best_held_out)),
+        ("warning", " | ".join(status.warnings) or "none"),
     ]
+
+
+def _held_out(latest: Snapshot | None, best: Snapshot | None) -> str:
+    """``41.0 % at step 10 (format 98 %; best 45.0 % at step 5)``."""
+    if latest is None:
+        return UNKNOWN
+    text = f"{100 * latest.strict:.1f} % at step {latest.step} (format {100 * latest.format:.0f} %"
+    if best is not None and best is not latest:
+        text += f"; best {100 * best.strict:.1f} % at step {best.step}"
+    return text + ")"
 
 
 def render(status: RunStatus, total_steps: int) -> Table:
@@ -143,7 +162,8 @@ def render(status: RunStatus, total_steps: int) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     for name, value in facts(status, total_steps):
-        table.add_row(name, value)
+        warned = name == "warning" and bool(status.warnings)
+        table.add_row(name, Text(value, style="bold red" if warned else ""))
     return table
 
 
@@ -216,12 +236,16 @@ class PlainLines:
         )
         self._last_at = -float("inf")
         self._last_phase: str | None = None
+        self._last_warnings: list[str] = []
 
     def update(self, status: RunStatus) -> None:
+        """A line now if the phase or the warnings changed, else once per interval."""
         now = self.clock()
-        if status.phase != self._last_phase or now - self._last_at >= self.interval_s:
+        changed = status.phase != self._last_phase or status.warnings != self._last_warnings
+        if changed or now - self._last_at >= self.interval_s:
             self.write(plain_line(status, self.total_steps))
             self._last_at, self._last_phase = now, status.phase
+            self._last_warnings = list(status.warnings)
 
     def __enter__(self) -> PlainLines:
         return self

@@ -284,6 +284,7 @@ def headline(summary: dict[str, Any]) -> list[str]:
             f"  {'format compliance':<24} {_percent(held_out['format_before'])} -> "
             f"{_percent(held_out['format_after'])}"
         )
+    lines += snapshot_lines(summary)
     if summary.get("reward_first5") is not None:
         lines.append(
             f"sampled training reward: first-5 steps {summary['reward_first5']:.3f} -> "
@@ -293,6 +294,25 @@ def headline(summary: dict[str, Any]) -> list[str]:
         f"wall time {summary.get('wall_s', 0) / 60:.1f} min, "
         f"disk {summary.get('disk_bytes', 0) / 1e9:.2f} GB"
     )
+    return lines
+
+
+def snapshot_lines(summary: dict[str, Any]) -> list[str]:
+    """Held-out strict accuracy at each snapshot, the best one, and every warning raised."""
+    lines = []
+    snapshots = summary.get("held_out_snapshots") or []
+    if len(snapshots) > 2:  # more than before and after
+        steps = ", ".join(f"step {s['step']} {100 * s['strict']:.1f} %" for s in snapshots)
+        lines.append(f"held-out strict by step: {steps}")
+    best = summary.get("best_held_out")
+    if best and len(snapshots) > 1:
+        lines.append(
+            f"best held-out strict {100 * best['strict']:.1f} % at step {best['step']}: "
+            f"{best['weights']}"
+        )
+    lines += [
+        f"WARNING (step {w['step']}): {w['warning']}" for w in summary.get("warnings_raised") or []
+    ]
     return lines
 
 

@@ -1,0 +1,103 @@
+"""Seconds per held-out evaluation: ``env.py evaluate`` (what atropos-local runs before and
+after training) against the embedded server, the shared prompt beginning off (the old
+prefill) and on, one after the other in one run, and whether the answers are the same.
+
+    python benchmarks/held_out_eval.py                   # the demo's 200 problems
+    python benchmarks/held_out_eval.py --eval-size 50 --threads 1
+
+Each side starts its own server (``--no-share-prompt-prefixes`` for the old one) on a free
+port; the seconds are the evaluator's own ``total_evaluation_time_seconds`` (server start
+excluded). On a shared 2-core machine wall-clock figures move with the load: compare the two
+sides of one run, not runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from atroposlib.localrun.components import free_port  # noqa: E402
+from atroposlib.utils.test_model import ensure_test_model  # noqa: E402
+
+
+def evaluate(
+    model: str,
+    out: Path,
+    args: argparse.Namespace,
+    share: bool,
+    env: dict[str, str] | None = None,
+) -> float:
+    """Start a server, run ``env.py evaluate`` on it, stop it; the evaluation's seconds."""
+    port = free_port()
+    flag = "--share-prompt-prefixes" if share else "--no-share-prompt-prefixes"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "atroposlib.inference", "--model", model, "--port", str(port),
+         "--served-model-name", "default", "--threads", str(args.threads), flag],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        subprocess.run(
+            [sys.executable, str(ROOT / "environments/reasoning_gym/env.py"), "evaluate",
+             "--config", str(ROOT / args.env_config),
+             "--openai.base_url", f"http://127.0.0.1:{port}/v1",
+             "--openai.model_name", "default", "--openai.server_type", "embedded",
+             "--env.tokenizer_name", model, "--env.max_token_length", "256",
+             "--env.eval_size", str(args.eval_size), "--env.data_dir_to_save_evals", str(out)],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    metrics = json.loads((out / "metrics.json").read_text())
+    return float(metrics["config_general"]["total_evaluation_time_seconds"])
+
+
+def replies(folder: Path) -> dict[str, str]:
+    with (folder / "samples.jsonl").open() as handle:
+        rows = [json.loads(line) for line in handle]
+    return {row["problem"]: row["response"] for row in rows}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--env-config", default="configs/local-cpu-env.yaml")
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    model = str(ensure_test_model())
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = evaluate(model, Path(tmp) / "old", args, share=False)
+        new = evaluate(model, Path(tmp) / "new", args, share=True)
+        before, after = replies(Path(tmp) / "old"), replies(Path(tmp) / "new")
+    same = sum(before[key] == after.get(key) for key in before)
+    print(f"held-out eval, {args.eval_size} problems, {args.threads} torch thread(s)")
+    print(f"  old prefill (every prompt whole):   {old:6.1f} s")
+    print(f"  shared prompt beginning:            {new:6.1f} s   ({old / new:.1f}x)")
+    print(f"  same replies: {same} / {len(before)}")
+
+
+if __name__ == "__main__":
+    main()
