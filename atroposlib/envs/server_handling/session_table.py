@@ -48,9 +48,11 @@ class SessionTable:
         max_sessions: int,
         idle_timeout_s: float,
         clock: Callable[[], float] = time.time,
+        max_per_client: int | None = None,
     ) -> None:
         self.server_manager = server_manager
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client or max_sessions
         self.idle_timeout_s = idle_timeout_s
         self.clock = clock
         self._sessions: dict[str, ProxySession] = {}
@@ -71,13 +73,19 @@ class SessionTable:
     def sessions(self) -> list[ProxySession]:
         return list(self._sessions.values())
 
-    def add(self, session: ProxySession) -> bool:
-        """Whether ``session`` was added (False: the table is full of active sessions)."""
+    def add(self, session: ProxySession) -> str | None:
+        """None when ``session`` was added, else the limit it would pass (``max_sessions``:
+        the table is full of active sessions; ``max_sessions_per_client``: its client's are)."""
         self.close_idle()
         if len(self._sessions) >= self.max_sessions:
-            return False
+            return "max_sessions"
+        if self.open_by(session.client) >= self.max_per_client:
+            return "max_sessions_per_client"
         self._sessions[session.uuid] = session
-        return True
+        return None
+
+    def open_by(self, client: str) -> int:
+        return sum(1 for s in self._sessions.values() if s.client == client)
 
     def close_idle(self) -> None:
         deadline = self.clock() - self.idle_timeout_s
