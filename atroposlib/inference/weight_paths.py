@@ -26,10 +26,13 @@ def _resolved_under(path: str, roots: Sequence[Path], field: str) -> Path:
         raise TransferError(
             field, "the server loads no weights from disk; start it with --weight-roots"
         )
-    resolved = Path(os.path.realpath(path))
-    inside = any(resolved.is_relative_to(os.path.realpath(root)) for root in roots)
-    if not inside or not resolved.is_dir():
-        raise unknown
+    try:  # a NUL byte, a name too long for the OS: no folder by that name either
+        resolved = Path(os.path.realpath(path))
+        inside = any(resolved.is_relative_to(os.path.realpath(root)) for root in roots)
+        if not inside or not resolved.is_dir():
+            raise unknown
+    except (ValueError, OSError) as error:
+        raise unknown from error
     return resolved
 
 

@@ -275,12 +275,13 @@ def _add_session_routes(
             tool_parser=body.tool_parser, base_url=table.base_url_of(server),
             temperature=body.temperature, client=_client_of(request),
         )  # fmt: skip
-        refused = table.add(session)
+        refused = table.limit_reached(session.client)
         if refused is not None:
             limit = getattr(settings, refused)
             whose = "are open" if refused == "max_sessions" else "are open for this client"
             raise HTTPException(429, f"sessions: {limit} {whose} ({refused}); close finished "
                                 "ones with DELETE /{id}")  # fmt: skip
+        table.add(session)  # room was checked just now, with nothing awaited since
         return SessionCreateResponse(uuid=session.uuid, model_name=model_name,
                                      tool_parser=session.tool_parser, base_url=session.base_url,
                                      created_at=session.created_at)  # fmt: skip

@@ -73,15 +73,21 @@ class SessionTable:
     def sessions(self) -> list[ProxySession]:
         return list(self._sessions.values())
 
-    def add(self, session: ProxySession) -> str | None:
-        """None when ``session`` was added, else the limit it would pass (``max_sessions``:
-        the table is full of active sessions; ``max_sessions_per_client``: its client's are)."""
+    def add(self, session: ProxySession) -> bool:
+        """Whether ``session`` was added (False: :meth:`limit_reached` names why not)."""
+        if self.limit_reached(session.client) is not None:
+            return False
+        self._sessions[session.uuid] = session
+        return True
+
+    def limit_reached(self, client: str) -> str | None:
+        """The limit a new session of ``client`` would pass, idle sessions closed first:
+        ``max_sessions`` (the table is full of active ones) or ``max_sessions_per_client``."""
         self.close_idle()
         if len(self._sessions) >= self.max_sessions:
             return "max_sessions"
-        if self.open_by(session.client) >= self.max_per_client:
+        if self.open_by(client) >= self.max_per_client:
             return "max_sessions_per_client"
-        self._sessions[session.uuid] = session
         return None
 
     def open_by(self, client: str) -> int:
