@@ -46,7 +46,16 @@ def test_missing_and_outside_the_roots_get_one_answer(roots: list[Path], tmp_pat
     link.symlink_to(outside)
     answers = {
         refusal(path, roots)
-        for path in (outside, escape, link, roots[0] / "missing", tmp_path / "missing", "/etc")
+        for path in (
+            outside,
+            escape,
+            link,
+            roots[0] / "missing",
+            tmp_path / "missing",
+            "/etc",
+            f"{roots[0]}/a\0b",
+            str(roots[0] / ("x" * 5000)),
+        )
     }
     assert answers == {UNKNOWN}
 
