@@ -207,6 +207,10 @@ def use_shared_memory(
         raise TransferError(
             "update_info.shm_name", "no shared-memory block of this name"
         ) from error
+    except (OSError, ValueError) as error:  # another user's block, an empty one
+        raise TransferError(
+            "update_info.shm_name", "the block cannot be opened by this server (its owner?)"
+        ) from error
     views: dict[str, Tensor] = {}
     try:
         if claim is not None:

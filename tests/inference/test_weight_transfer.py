@@ -8,6 +8,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +108,16 @@ def test_a_block_of_this_user_mode_0600_and_the_declared_size_is_used() -> None:
         with pytest.raises(TransferError, match="0600"):
             stage_shared_memory(staging, block.name, ["a"], ["float32"], [[2, 3]], claim)
     assert staging.chunks == 1
+
+
+def test_a_block_the_server_cannot_map_is_a_transfer_error() -> None:
+    empty = Path("/dev/shm") / f"atropos_x_empty_{os.getpid()}"
+    empty.touch(mode=0o600)  # zero bytes: mmap refuses it
+    try:
+        with pytest.raises(TransferError, match="cannot be opened"):
+            stage_shared_memory(
+                Staging(EXPECTED), empty.name, ["a"], ["float32"], [[2, 3]],
+                BlockClaim("atropos_x_", 24),
+            )  # fmt: skip
+    finally:
+        empty.unlink()
