@@ -540,6 +540,9 @@ class LoadLoraRequest(_Body):
     lora_path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
 
 
+UPDATE_TOKEN_HEADER = "x-weight-update-token"
+"""The header carrying the ``update_token`` ``/start_weight_update`` answered."""
+
 PauseMode = Literal["abort", "wait", "keep"]
 """vLLM's ``/pause`` modes: abort what is in flight, wait for it to finish, or keep it frozen."""
 
@@ -561,6 +564,10 @@ class WeightTransferInitResponse(BaseModel):
     message: str
     parameters: dict[str, list[int]] = Field(description="Each served parameter's shape.")
     dtype: str = Field(description="The served dtype; send tensors in it to checksum them.")
+    shm_prefix: str | None = Field(
+        default=None,
+        description="shm transport: the prefix every shared-memory block name must start with.",
+    )
 
 
 class WeightUpdateInfo(_Body):
@@ -570,6 +577,9 @@ class WeightUpdateInfo(_Body):
     dtype_names: list[Annotated[str, Field(max_length=16)]] = Field(max_length=100_000)
     shapes: list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]] = Field(max_length=100_000)
     shm_name: str = Field(min_length=1, max_length=200)
+    shm_bytes: int = Field(
+        ge=1, le=2**48, description="The block's size in bytes; a block of another size is refused."
+    )
 
 
 class WeightUpdateRequest(_Body):
@@ -592,6 +602,11 @@ class WeightTransferResponse(BaseModel):
     message: str
     weight_version: str | None = None
     tensors: int | None = Field(default=None, description="Tensors staged or installed.")
+    update_token: str | None = Field(
+        default=None,
+        description="/start_weight_update: send it as X-Weight-Update-Token with this update's "
+        "/update_weights and /finish_weight_update.",
+    )
 
 
 class GenerationStateResponse(BaseModel):

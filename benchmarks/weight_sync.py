@@ -270,20 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
-    with serving(args) as url:
+    with tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp, serving(args, tmp) as url:
         results = []
         steps = itertools.count(1)
-        with tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp:
-            for way in args.ways.split(","):
-                results.append(run_way(way, args, url, model, Path(tmp), steps))
-                print(f"{way}: done", flush=True)
+        for way in args.ways.split(","):
+            results.append(run_way(way, args, url, model, Path(tmp), steps))
+            print(f"{way}: done", flush=True)
     print(report(results))
     return 0
 
 
 @contextmanager
-def serving(args: argparse.Namespace) -> Iterator[str]:
-    """The server's URL: this checkout's embedded server, or vLLM (started here, or --url)."""
+def serving(args: argparse.Namespace, weights: str) -> Iterator[str]:
+    """The server's URL: this checkout's embedded server (loading from disk only under
+    ``weights``), or vLLM (started here, or --url)."""
     if args.engine == "vllm" and args.url:
         yield args.url.rstrip("/")
         return
@@ -297,7 +297,8 @@ def serving(args: argparse.Namespace) -> Iterator[str]:
                         extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:  # fmt: skip
             yield server.url
         return
-    process, url = start_embedded(args.model, args.threads, max_batch=args.clients)
+    roots = ("--weight-roots", weights)
+    process, url = start_embedded(args.model, args.threads, max_batch=args.clients, extra=roots)
     try:
         yield url
     finally:

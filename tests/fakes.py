@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -58,3 +62,24 @@ class ChatCharTokenizer:
         text = f"<tools>{json.dumps(tools)}</tools>" if tools else ""
         text += "".join(f"<{m['role']}>{m.get('content') or ''}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
+
+
+@contextmanager
+def uvicorn_on_loopback(app: Any) -> Iterator[str]:
+    """``app`` served by a real uvicorn on a free 127.0.0.1 port, in a thread; its base URL."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

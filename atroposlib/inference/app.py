@@ -17,12 +17,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from safetensors import SafetensorError
 from transformers import PreTrainedModel
 
 from atroposlib.inference.control_api import admin_router
@@ -35,6 +37,8 @@ from atroposlib.inference.scheduler import Scheduler
 from atroposlib.inference.settings import InferenceSettings
 from atroposlib.inference.state import ServerState, server_state
 from atroposlib.inference.token_api import router as token_router
+from atroposlib.inference.weight_paths import adapter_folder, model_folder
+from atroposlib.inference.weight_transfer import TransferError
 from atroposlib.protocol import (
     InferenceHealthResponse,
     LoadLoraRequest,
@@ -45,6 +49,8 @@ from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_
 from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
+LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError)
+"""What a checkpoint under the roots may raise while it loads: a 400 naming it, never a 500."""
 
 
 def create_app(settings: InferenceSettings) -> FastAPI:
@@ -114,19 +120,24 @@ async def health(request: Request) -> InferenceHealthResponse:
 
 async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request) -> Any:
     """Load a checkpoint beside the served weights, then swap it in between steps (SGLang's
-    body: ``weight_version`` labels it, ``abort_all_requests`` ends what is in flight)."""
+    body: ``weight_version`` labels it, ``abort_all_requests`` ends what is in flight). Only a
+    safetensors folder under ``--weight-roots`` is loaded (:mod:`inference.weight_paths`)."""
     state = server_state(request)
     runner = state.runner
     version = body.weight_version
     if version is not None and not version.isdigit():
         raise HTTPException(422, "weight_version: the embedded server's versions are digits")
-    load = (load_model, body.model_path, runner.device, runner.dtype)
+    try:
+        folder = model_folder(body.model_path, state.settings.weight_roots)
+    except TransferError as error:
+        return _refused(state, str(error))
+    load = partial(load_model, folder, runner.device, runner.dtype, safetensors_only=True)
     answer = await _swap_in(
-        state, "model_path", body.model_path, *load,
+        state, "model_path", body.model_path, load,
         version=int(version) if version is not None else None, abort=body.abort_all_requests,
     )  # fmt: skip
     if isinstance(answer, UpdateWeightsResponse):
-        state.base_path, state.lora_names = body.model_path, []
+        state.base_path, state.lora_names = str(folder), []
     return answer
 
 
@@ -134,42 +145,42 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> Any:
     """Merge a PEFT adapter into the base weights and serve it (see ``inference.lora``)."""
     state = server_state(request)
     runner = state.runner
-    answer = await _swap_in(
-        state,
-        "lora_path",
-        body.lora_path,
-        load_merged,
-        state.base_path,
-        body.lora_path,
-        runner.device,
-        runner.dtype,
-    )
+    try:
+        folder = adapter_folder(body.lora_path, state.settings.weight_roots)
+    except TransferError as error:
+        return _refused(state, str(error))
+    load = partial(load_merged, state.base_path, folder, runner.device, runner.dtype)
+    answer = await _swap_in(state, "lora_path", body.lora_path, load)
     if isinstance(answer, UpdateWeightsResponse):
         state.lora_names = [body.lora_name]
     return answer
+
+
+def _refused(state: ServerState, message: str) -> JSONResponse:
+    """SGLang's refusal body with our ``detail``, HTTP 400."""
+    refused = UpdateWeightsResponse(
+        success=False, message=message, weight_version=state.scheduler.weight_version
+    )
+    return JSONResponse(status_code=400, content=refused.model_dump() | {"detail": message})
 
 
 async def _swap_in(
     state: ServerState,
     field: str,
     path: str,
-    loader: Callable[..., PreTrainedModel],
-    *args: Any,
+    loader: Callable[[], PreTrainedModel],
+    *,
     version: int | None = None,
     abort: bool = False,
 ) -> UpdateWeightsResponse | JSONResponse:
     """Load new weights off the worker thread, check them, and swap them in between steps."""
     async with state.swap_lock:
         try:
-            model = await asyncio.to_thread(loader, *args)
+            model = await asyncio.to_thread(loader)
             check_compatible(state.runner.model, model)
-        except (OSError, ValueError, KeyError, RuntimeError) as error:
+        except LOAD_ERRORS as error:
             logger.warning("loading %s=%s refused: %s", field, path, error)
-            message = f"{field}: {error}"
-            refused = UpdateWeightsResponse(
-                success=False, message=message, weight_version=state.scheduler.weight_version
-            )
-            return JSONResponse(status_code=400, content=refused.model_dump() | {"detail": message})
+            return _refused(state, f"{field}: {type(error).__name__}: {error}")
         started = time.perf_counter()
         pausing = abort and state.scheduler.paused is None
         if abort:

@@ -12,7 +12,10 @@ the pause, which then only has to cover the install.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import time
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Annotated
 
@@ -22,6 +25,7 @@ from pydantic import ValidationError
 from atroposlib.inference.requests import bad_request
 from atroposlib.inference.state import ServerState, server_state
 from atroposlib.inference.weight_transfer import (
+    BlockClaim,
     Staging,
     TransferError,
     checksums,
@@ -30,6 +34,7 @@ from atroposlib.inference.weight_transfer import (
     read_safetensors,
     stage_shared_memory,
 )
+from atroposlib.protocol import UPDATE_TOKEN_HEADER as UPDATE_TOKEN
 from atroposlib.protocol import (
     FinishWeightUpdateRequest,
     GenerationStateResponse,
@@ -79,66 +84,81 @@ async def init_weight_transfer_engine(
     body: WeightTransferInitRequest, request: Request
 ) -> WeightTransferInitResponse:
     state = server_state(request)
-    state.transport = body.init_info.transport
-    if state.staging is not None:  # a trainer that failed mid-update and connects again
+    _claim_free(state, request, "init_weight_transfer_engine")
+    if state.staging is not None:  # its owner connects again, or it lay idle too long
         logger.warning(
             "dropping an unfinished weight update (%d tensors)", len(state.staging.tensors)
         )
         state.staging = None
+    state.transport = body.init_info.transport
     served = dict(state.runner.model.named_parameters())
     return WeightTransferInitResponse(
         message=f"Weight transfer initialized ({state.transport})",
         parameters={name: list(p.shape) for name, p in served.items()},
         dtype=dtype_name(state.runner.dtype),
+        shm_prefix=state.shm_prefix if state.transport == "shm" else None,
     )
 
 
 @admin_router.post("/start_weight_update", response_model=WeightTransferResponse)
 async def start_weight_update(request: Request) -> WeightTransferResponse:
+    """Start an update owned by the caller: the token it answers is needed by every later
+    call of this update; another caller gets 409 until it finishes or lies idle too long."""
     state = server_state(request)
     if state.transport is None:
         raise bad_request("transport", "call /init_weight_transfer_engine first", 409)
-    if state.staging is not None:
-        raise bad_request(
-            "start_weight_update",
-            "called while a weight update is already active; call /finish_weight_update first",
-            409,
-        )
+    _claim_free(state, request, "start_weight_update")
     state.staging = Staging(expected_parameters(state.runner.parameters()))
-    return WeightTransferResponse(message="Weight update started")
+    return WeightTransferResponse(message="Weight update started", update_token=state.staging.token)
 
 
 @admin_router.post("/update_weights", response_model=WeightTransferResponse)
 async def update_weights(request: Request) -> WeightTransferResponse:
     """One chunk: a safetensors body (``http``) or JSON naming a shared-memory block."""
     state = server_state(request)
-    staging = _active(state)
-    body = await request.body()
-    media = request.headers.get("content-type", "").split(";")[0].strip()
+    staging = _owned(state, request)
+    limit = state.settings.max_concurrent_weight_uploads
+    if state.uploads >= limit:
+        raise bad_request(
+            "max_concurrent_weight_uploads",
+            f"{limit} chunks are being staged already; send the next when one has answered",
+            429,
+        )
+    state.uploads += 1
     try:
-        if media == "application/json":
-            if state.transport != "shm":
-                raise TransferError("content-type", "the http transport sends safetensors bodies")
-            try:
-                info = WeightUpdateRequest.model_validate_json(body).update_info
-            except ValidationError as error:
-                where = ".".join(str(p) for p in error.errors()[0]["loc"])
-                raise TransferError(where or "body", error.errors()[0]["msg"]) from error
-            stage = partial(
-                stage_shared_memory,
-                staging, info.shm_name, info.names, info.dtype_names, info.shapes,
-            )  # fmt: skip
-        elif media == "application/octet-stream":
-            if state.transport != "http":
-                raise TransferError("content-type", "the shm transport sends JSON update_info")
-            stage = partial(_stage_safetensors, staging, body)
-        else:
-            raise TransferError("content-type", "send application/octet-stream or application/json")
+        stage = _stager(state, staging, request.headers, await request.body())
         loop = asyncio.get_running_loop()
         staged = await loop.run_in_executor(state.staging_pool, stage)
     except TransferError as error:
         raise bad_request(error.field, str(error).split(": ", 1)[1]) from error
+    finally:
+        state.uploads -= 1
     return WeightTransferResponse(message="Weights staged", tensors=staged)
+
+
+def _stager(
+    state: ServerState, staging: Staging, headers: Mapping[str, str], body: bytes
+) -> Callable[[], int]:
+    """The call that stages this chunk, as its content type says; TransferError if none can."""
+    media = headers.get("content-type", "").split(";")[0].strip()
+    if media == "application/json":
+        if state.transport != "shm":
+            raise TransferError("content-type", "the http transport sends safetensors bodies")
+        try:
+            info = WeightUpdateRequest.model_validate_json(body).update_info
+        except ValidationError as error:
+            where = ".".join(str(p) for p in error.errors()[0]["loc"])
+            raise TransferError(where or "body", error.errors()[0]["msg"]) from error
+        claim = BlockClaim(state.shm_prefix, info.shm_bytes)
+        return partial(
+            stage_shared_memory,
+            staging, info.shm_name, info.names, info.dtype_names, info.shapes, claim,
+        )  # fmt: skip
+    if media == "application/octet-stream":
+        if state.transport != "http":
+            raise TransferError("content-type", "the shm transport sends JSON update_info")
+        return partial(_stage_safetensors, staging, body)
+    raise TransferError("content-type", "send application/octet-stream or application/json")
 
 
 @admin_router.post("/finish_weight_update", response_model=WeightTransferResponse)
@@ -147,7 +167,7 @@ async def finish_weight_update(
 ) -> WeightTransferResponse:
     """Install the staged tensors between two decode steps, then report the new version."""
     state = server_state(request)
-    staging = _active(state)
+    staging = _owned(state, request)
     version = _version(body.weight_version if body is not None else None)
     state.staging = None
     try:
@@ -214,10 +234,41 @@ def _stage_safetensors(staging: Staging, body: bytes) -> int:
     return staging.add(read_safetensors(body))
 
 
-def _active(state: ServerState) -> Staging:
+def _owned(state: ServerState, request: Request) -> Staging:
+    """The active update, when the caller sent its token (409 otherwise)."""
     if state.staging is None:
         raise bad_request("start_weight_update", "no weight update is active; start one first", 409)
+    if not _holds(state.staging, request):
+        raise bad_request(
+            UPDATE_TOKEN,
+            "the active weight update belongs to another caller; send the update_token "
+            "your /start_weight_update answered",
+            409,
+        )
+    state.staging.touched = time.monotonic()
     return state.staging
+
+
+def _claim_free(state: ServerState, request: Request, route: str) -> None:
+    """409 while another caller's update is active and has not lain idle for
+    ``weight_update_idle_s``; its owner (the token) may start over at any time."""
+    staging = state.staging
+    if staging is None or _holds(staging, request):
+        return
+    idle_s = state.settings.weight_update_idle_s
+    if time.monotonic() - staging.touched < idle_s:
+        raise bad_request(
+            route,
+            "called while a weight update is already active; call /finish_weight_update "
+            f"first (another caller's update is given up after {idle_s:g} s idle: "
+            "--weight-update-idle-s)",
+            409,
+        )
+
+
+def _holds(staging: Staging, request: Request) -> bool:
+    given = request.headers.get(UPDATE_TOKEN, "")
+    return hmac.compare_digest(given.encode(), staging.token.encode())
 
 
 def _version(value: str | None, field: str = "weight_version") -> int | None:

@@ -50,12 +50,20 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def load_model(path: str | Path, device: str, dtype: torch.dtype) -> PreTrainedModel:
-    """Load a causal LM from a local transformers folder, in eval mode, on ``device``."""
+def load_model(
+    path: str | Path, device: str, dtype: torch.dtype, safetensors_only: bool = False
+) -> PreTrainedModel:
+    """Load a causal LM from a local transformers folder, in eval mode, on ``device``; never
+    with the folder's own code, and (``safetensors_only``) never from pickled weights."""
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"model_path {str(path)!r} is not a folder on this machine")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        dtype=dtype,
+        trust_remote_code=False,
+        use_safetensors=True if safetensors_only else None,
+    )
     model.to(torch.device(device))  # type: ignore[arg-type]  # transformers stubs
     return model.eval()
 

@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 def load_merged(
     base_path: str | Path, lora_path: str | Path, device: str, dtype: torch.dtype
 ) -> PreTrainedModel:
-    """The base model with the PEFT adapter at ``lora_path`` merged into its weights."""
+    """The base model with the PEFT adapter at ``lora_path`` merged into its weights (the
+    route has checked that it is saved as safetensors: :func:`weight_paths.adapter_folder`)."""
     from peft import PeftModel
 
     adapter = Path(lora_path)

@@ -67,6 +67,24 @@ class InferenceSettings(BaseSettings, AccessSettings):
         description="Largest weight chunk POST /update_weights accepts (a trainer's in-flight "
         "update; one tensor may exceed sync_chunk_mb); more: HTTP 413.",
     )
+    weight_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders under which /update_weights_from_disk and /v1/load_lora_adapter "
+        "may load (safetensors only); any other path is refused. atropos-local passes its run's "
+        "checkpoints folder; default: none, every load from disk refused.",
+    )
+    max_concurrent_weight_uploads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Most POST /update_weights chunks read or staged at once; more: HTTP 429.",
+    )
+    weight_update_idle_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A weight update with no call from its owner for this long may be replaced "
+        "by another caller's /start_weight_update or /init_weight_transfer_engine.",
+    )
     threads: int | None = Field(
         default=None,
         ge=1,

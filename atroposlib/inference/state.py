@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,6 +32,10 @@ class ServerState:
     """The weight update in progress (``/start_weight_update`` .. ``/finish_weight_update``)."""
     staging_pool: ThreadPoolExecutor = field(default_factory=staging_executor)
     """Where chunks are decoded and copied (one thread; shut down with the app)."""
+    uploads: int = 0
+    """``/update_weights`` calls reading or staging a chunk now."""
+    shm_prefix: str = field(default_factory=lambda: f"atropos_{secrets.token_hex(8)}_")
+    """Shared-memory blocks this server opens are named with it (announced at init)."""
 
     def __post_init__(self) -> None:
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)

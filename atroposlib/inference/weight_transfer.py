@@ -18,7 +18,11 @@ run on one thread of their own (:func:`staging_executor`).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import secrets
+import stat
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -69,6 +73,15 @@ class Staging:
     expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
     tensors: dict[str, Tensor] = field(default_factory=dict)
     chunks: int = 0
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """The owner's capability: whoever started the update holds it, no one else."""
+    touched: float = field(default_factory=time.monotonic)
+    """When the owner last called (``time.monotonic``)."""
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bounded by the served model: only its parameters, each at most once, are staged."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def add(self, chunk: Mapping[str, Tensor], owned: bool = True) -> int:
         """Check every tensor of ``chunk`` against the served parameter, then stage them all.
@@ -122,11 +135,17 @@ def stage_shared_memory(
     names: list[str],
     dtype_names: list[str],
     shapes: list[list[int]],
+    block: BlockClaim | None = None,
 ) -> int:
     """Stage the tensors packed back to back (in order, no padding) in a shared block,
     copied straight out of the block (one copy each); how many were staged."""
     return use_shared_memory(
-        shm_name, names, dtype_names, shapes, lambda views: staging.add(views, owned=False)
+        shm_name,
+        names,
+        dtype_names,
+        shapes,
+        lambda views: staging.add(views, owned=False),
+        block,
     )
 
 
@@ -136,6 +155,7 @@ def read_shared_memory(
     dtype_names: list[str],
     shapes: list[list[int]],
     dtype: torch.dtype | None = None,
+    block: BlockClaim | None = None,
 ) -> dict[str, Tensor]:
     """Copies of the tensors packed in a shared block, in ``dtype`` when given (one copy)."""
     return use_shared_memory(
@@ -144,6 +164,7 @@ def read_shared_memory(
         dtype_names,
         shapes,
         lambda views: {name: _copy(view, dtype) for name, view in views.items()},
+        block,
     )
 
 
@@ -158,11 +179,18 @@ def use_shared_memory(
     dtype_names: list[str],
     shapes: list[list[int]],
     use: Callable[[dict[str, Tensor]], T],
+    claim: BlockClaim | None = None,
 ) -> T:
     """``use(views)`` of the tensors packed back to back (in order, no padding) in a shared
-    block; the views point into the block and are gone when this returns."""
+    block; the views point into the block and are gone when this returns. With a ``claim``,
+    the block is used only when it is what the caller says (:meth:`BlockClaim.check`)."""
     if not _SHM_NAME.match(shm_name):
         raise TransferError("update_info.shm_name", "must be a plain shared-memory block name")
+    if claim is not None and not shm_name.startswith(claim.prefix):
+        raise TransferError(
+            "update_info.shm_name",
+            "must start with the shm_prefix /init_weight_transfer_engine answered",
+        )
     if not len(names) == len(dtype_names) == len(shapes):
         raise TransferError(
             "update_info", "names, dtype_names and shapes must have one entry per tensor"
@@ -177,13 +205,19 @@ def use_shared_memory(
         block = _attach(shm_name)
     except FileNotFoundError as error:
         raise TransferError(
-            "update_info.shm_name", f"no shared-memory block {shm_name!r}"
+            "update_info.shm_name", "no shared-memory block of this name"
+        ) from error
+    except (OSError, ValueError) as error:  # another user's block, an empty one
+        raise TransferError(
+            "update_info.shm_name", "the block cannot be opened by this server (its owner?)"
         ) from error
     views: dict[str, Tensor] = {}
     try:
-        if sum(sizes) > block.size:
+        if claim is not None:
+            claim.check(os.fstat(block._fd), sum(sizes))  # type: ignore[attr-defined]
+        elif sum(sizes) > block.size:
             raise TransferError(
-                "update_info", f"the tensors need {sum(sizes)} bytes, the block has {block.size}"
+                "update_info", f"the tensors need {sum(sizes)} bytes, more than the block holds"
             )
         offset = 0
         for name, dtype, shape, size in zip(names, dtypes, shapes, sizes, strict=True):
@@ -197,6 +231,30 @@ def use_shared_memory(
     finally:
         views.clear()  # the block cannot close while a tensor points into it
         block.close()
+
+
+@dataclass(frozen=True)
+class BlockClaim:
+    """What the caller of ``/update_weights`` says of its block: the name prefix this server
+    announced and the block's size (``shm_bytes``); the block must also belong to this user
+    and be readable by no one else (mode 0600, as ``SharedMemory(create=True)`` makes it)."""
+
+    prefix: str
+    declared_bytes: int
+
+    def check(self, found: os.stat_result, needed: int) -> None:
+        """TransferError naming the first thing wrong; never tells the block's size."""
+        field = "update_info.shm_name"
+        if found.st_uid != os.geteuid():
+            raise TransferError(field, "the block belongs to another user")
+        if stat.S_IMODE(found.st_mode) != 0o600:
+            raise TransferError(field, "the block's mode must be 0600 (owner only)")
+        if found.st_size != self.declared_bytes:
+            raise TransferError("update_info.shm_bytes", "is not the block's size")
+        if needed > self.declared_bytes:
+            raise TransferError(
+                "update_info", f"the tensors need {needed} bytes, more than shm_bytes"
+            )
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:

@@ -58,7 +58,8 @@ class EmbeddedInference:
             "inference",
             [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
              "--port", str(layout.inference_port), "--served-model-name", "default",
-             "--threads", str(settings.threads), "--device", settings.device],
+             "--threads", str(settings.threads), "--device", settings.device,
+             "--weight-roots", str(layout.checkpoints)],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip

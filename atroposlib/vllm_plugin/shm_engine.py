@@ -24,7 +24,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from atroposlib.inference.weight_transfer import TransferError, read_shared_memory
+from atroposlib.inference.weight_transfer import BlockClaim, TransferError, read_shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
     dtype_names: list[str]
     shapes: list[list[int]]
     shm_name: str
+    shm_bytes: int | None = None
+    """The block's size; when given, the block must also be this user's and mode 0600."""
 
 
 class SharedMemoryWeightTransferEngine(
@@ -71,12 +73,15 @@ class SharedMemoryWeightTransferEngine(
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
+        declared = update_info.shm_bytes
+        claim = None if declared is None else BlockClaim("", declared)
         chunk = read_shared_memory(
             update_info.shm_name,
             update_info.names,
             update_info.dtype_names,
             update_info.shapes,
             dtype=self.model_config.dtype,
+            block=claim,
         )
         if self._layout is not None:
             for name, tensor in chunk.items():

@@ -1,10 +1,13 @@
 """One POSIX shared-memory block that carries weight chunks to inference servers on this
 machine (the ``shm`` transport of the embedded server and of our vLLM plugin): the tensors
 back to back, named in an ``update_info`` of vLLM's fields (names, dtype_names, shapes) plus
-the block's name. The servers copy out of the block before they answer, so it is reused."""
+the block's name and size. The servers copy out of the block before they answer, so it is
+reused. The embedded server opens only blocks whose name starts with the prefix it announced
+(``shm_prefix``), owned by its user, mode 0600 and of the declared size."""
 
 from __future__ import annotations
 
+import secrets
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -18,7 +21,8 @@ class SharedBlock:
     """One POSIX shared-memory block reused for every chunk of every push (grown when a chunk
     needs more): a fresh block per chunk spends most of a push faulting its pages in."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix
         self._block: shared_memory.SharedMemory | None = None
 
     def pack(self, chunk: dict[str, Tensor]) -> dict[str, Any]:
@@ -36,12 +40,14 @@ class SharedBlock:
             "dtype_names": [dtype_name(t.dtype) for t in chunk.values()],
             "shapes": [list(t.shape) for t in chunk.values()],
             "shm_name": block.name,
+            "shm_bytes": block.size,
         }
 
     def _fit(self, size: int) -> shared_memory.SharedMemory:
         if self._block is None or self._block.size < size:
             self.release()
-            self._block = shared_memory.SharedMemory(create=True, size=size)
+            name = None if self.prefix is None else self.prefix + secrets.token_hex(8)
+            self._block = shared_memory.SharedMemory(name=name, create=True, size=size)
         return self._block
 
     def release(self) -> None:

@@ -59,7 +59,7 @@ def embedded_server(ctx: Context, model: Path, dtype: str, label: str) -> Iterat
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "atroposlib.inference", "--model", str(model),
             "--device", ctx.device, "--dtype", dtype, "--port", str(port),
-            "--served-model-name", "default"]  # fmt: skip
+            "--served-model-name", "default", "--weight-roots", str(ctx.work)]  # fmt: skip
     with Supervisor(ctx.work / f"server-{label}") as supervisor:
         supervisor.start(Component("inference", argv, health_url=f"{url}/health",
                                    startup_timeout_s=300.0))  # fmt: skip

@@ -17,7 +17,6 @@ import msgpack
 import pytest
 import schemathesis
 from broker_testlib import BrokerProcess
-from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -26,6 +25,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from benchmarks.fuzz_broker import run
+from tests.schema_fuzz import fuzz_operations
 
 pytestmark = pytest.mark.slow
 
@@ -46,19 +46,8 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(tmp_path:
         content_type_conformance,
         response_schema_conformance,
     ]
-    tested = []
     try:
-        schema = schemathesis.openapi.from_url(f"{broker.url}/openapi.json")
-        for result in schema.get_all_operations():
-            operation = result.ok()
-            tested.append(operation.label)
-
-            @given(case=operation.as_strategy())
-            @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-            def call(case: Any) -> None:
-                case.call_and_validate(checks=checks)
-
-            call()
+        tested = fuzz_operations(broker.url, checks)
     finally:
         broker.stop()
     assert len(tested) == 17, tested

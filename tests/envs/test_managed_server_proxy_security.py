@@ -118,3 +118,37 @@ def test_an_empty_key_or_an_open_bind_is_refused_at_start(
     with pytest.raises(ValidationError, match=named):
         ProxySettings(**fields)
     assert ProxySettings(host="0.0.0.0", insecure_no_key=True).api_key is None
+
+
+def client_at(app: Any, address: str) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://proxy")
+
+
+async def test_one_client_cannot_take_every_session(tokenizer: Any) -> None:
+    app = proxy_app(tokenizer, ScriptedEngine(tokenizer, []), max_sessions=3,
+                    max_sessions_per_client=2)  # fmt: skip
+    async with client_at(app, "10.0.0.1") as greedy, client_at(app, "10.0.0.2") as other:
+        for _ in range(2):
+            assert (await greedy.post("/sessions/create", json={})).status_code == 200
+        refused = await greedy.post("/sessions/create", json={})
+        assert refused.status_code == 429
+        assert "max_sessions_per_client" in refused.json()["detail"]
+        assert (await other.post("/sessions/create", json={})).status_code == 200
+        full = await other.post("/sessions/create", json={})
+        assert full.status_code == 429 and "(max_sessions)" in full.json()["detail"]
+        assert (await greedy.get("/health")).json()["sessions"] == 3
+
+
+async def test_a_session_holds_at_most_max_session_bytes(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, ["Hello.", "Again."])
+    long = {"messages": [{"role": "user", "content": "Tell me more. " * 40}]}
+    async with asgi_client(proxy_app(tokenizer, engine, max_session_bytes=1024)) as http:
+        session = (await http.post("/sessions/create", json={})).json()["uuid"]
+        first = await http.post(f"/{session}/v1/chat/completions", json=long)
+        assert first.status_code == 200, first.text  # under the cap when it was sent
+        nodes = (await http.get(f"/{session}/nodes")).json()["nodes"]
+        full = await http.post(f"/{session}/v1/chat/completions", json=USER)
+        assert full.status_code == 429 and "max_session_bytes" in full.json()["detail"]
+        assert (await http.get(f"/{session}/nodes")).json()["nodes"] == nodes
+        assert len(engine.sampled) == 1

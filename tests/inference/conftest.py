@@ -18,7 +18,11 @@ def server(
 ) -> Iterator[RunningServer]:
     env = subprocess_env
     log = tmp_path_factory.mktemp("inference") / "server.log"
-    running = start_server(test_model_path, env, log, "--max-batch-size", "8", *SERVER_FLAGS)
+    # the checkpoints tests write, and the served folder (reloaded to restore it)
+    roots = [f"--weight-roots={tmp_path_factory.getbasetemp()},{test_model_path}"]
+    running = start_server(
+        test_model_path, env, log, "--max-batch-size", "8", *roots, *SERVER_FLAGS
+    )
     yield running
     stop_server(running)
 

@@ -3,6 +3,7 @@ phases in order, each bad call answered 4xx naming the field, the served weights
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from atroposlib.inference import InferenceSettings, create_app
+from atroposlib.protocol import UPDATE_TOKEN_HEADER
 
 pytestmark = pytest.mark.model
 
@@ -51,27 +53,30 @@ async def test_bad_calls_name_the_field_and_leave_the_weights_alone(
     await refused("/start_weight_update", 409, "transport")
     await client.post("/init_weight_transfer_engine", json={"init_info": {"transport": "http"}})
     await refused("/update_weights", 409, "start_weight_update", content=b"x", headers=OCTETS)
-    assert (await client.post("/start_weight_update")).status_code == 200
+    started = await client.post("/start_weight_update")
+    assert started.status_code == 200
+    owner = {UPDATE_TOKEN_HEADER: started.json()["update_token"]}
     await refused("/start_weight_update", 409, "already active")
     shm = {"update_info": {"names": [NAME], "dtype_names": ["float32"], "shapes": [[576]],
-                           "shm_name": "../etc/passwd"}}  # fmt: skip
-    await refused("/update_weights", 400, "content-type", json=shm)
-    await refused("/update_weights", 400, "content-type", content=b"x")
+                           "shm_name": "../etc/passwd", "shm_bytes": 2304}}  # fmt: skip
+    await refused("/update_weights", 400, "content-type", json=shm, headers=owner)
+    await refused("/update_weights", 400, "content-type", content=b"x", headers=owner)
     await refused("/update_weights", 400, "model.nope", content=chunk(model__nope=norm),
-                  headers=OCTETS)  # fmt: skip
+                  headers=OCTETS | owner)  # fmt: skip
     await refused("/update_weights", 400, NAME, content=chunk(model__norm__weight=torch.ones(3)),
-                  headers=OCTETS)  # fmt: skip
-    await refused("/finish_weight_update", 422, "weight_version", json={"weight_version": "v2"})
+                  headers=OCTETS | owner)  # fmt: skip
+    await refused("/finish_weight_update", 422, "weight_version", json={"weight_version": "v2"},
+                  headers=owner)  # fmt: skip
     await refused("/weight_checker", 422, "baseline", json={"action": "compare"})
     assert (await client.get("/weight_info")).json() == {"weight_version": "0"}
     assert await checksums(client) == before
 
     # the same update, right this time: only the one tensor changes, under the given version
     ok = await client.post(
-        "/update_weights", content=chunk(model__norm__weight=norm), headers=OCTETS
+        "/update_weights", content=chunk(model__norm__weight=norm), headers=OCTETS | owner
     )
     assert ok.status_code == 200 and ok.json()["tensors"] == 1
-    done = await client.post("/finish_weight_update", json={"weight_version": "5"})
+    done = await client.post("/finish_weight_update", json={"weight_version": "5"}, headers=owner)
     assert done.json()["weight_version"] == "5"
     after = await checksums(client)
     assert {n for n in before if before[n] != after[n]} == {NAME}
@@ -109,3 +114,45 @@ async def test_health_reports_the_pause_as_soon_as_pause_answers(test_model_path
             assert (await http.get("/health")).json()["paused"] == "keep"
             assert (await http.post("/resume")).status_code == 200
             assert (await http.get("/health")).json()["paused"] is None
+
+
+async def test_an_update_belongs_to_whoever_started_it(test_model_path: Path) -> None:
+    settings = InferenceSettings(model=str(test_model_path), threads=1, weight_update_idle_s=0.5)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            before = await checksums(client)
+            await client.post("/init_weight_transfer_engine", json={})
+            owner = {UPDATE_TOKEN_HEADER: (await client.post("/start_weight_update")).json()[
+                "update_token"]}  # fmt: skip
+            body = chunk(model__norm__weight=torch.zeros(576))
+            for other in ({}, {UPDATE_TOKEN_HEADER: "guessed"}, {UPDATE_TOKEN_HEADER: ""}):
+                for path, request in (
+                    ("/update_weights", {"content": body, "headers": OCTETS | other}),
+                    ("/finish_weight_update", {"json": {"weight_version": "3"}, "headers": other}),
+                    ("/start_weight_update", {"headers": other}),
+                    ("/init_weight_transfer_engine", {"json": {}, "headers": other}),
+                ):
+                    answer = await client.post(path, **request)  # type: ignore[arg-type]
+                    assert answer.status_code == 409, (path, other, answer.text)
+            assert await checksums(client) == before
+            assert (await client.get("/weight_info")).json() == {"weight_version": "0"}
+
+            # bounded uploads: a chunk beyond the limit is refused, naming the setting
+            app.state.inference.uploads = settings.max_concurrent_weight_uploads
+            busy = await client.post("/update_weights", content=body, headers=OCTETS | owner)
+            assert busy.status_code == 429 and "max_concurrent_weight_uploads" in busy.text
+            app.state.inference.uploads = 0
+            staged = await client.post("/update_weights", content=body, headers=OCTETS | owner)
+            again = await client.post("/update_weights", content=body, headers=OCTETS | owner)
+            assert staged.status_code == again.status_code == 200
+            assert app.state.inference.staging.staged_bytes == 576 * 4  # replaced, not piled up
+
+            # idle past --weight-update-idle-s, the update may be taken over; its token is void
+            await asyncio.sleep(0.6)
+            taken = await client.post("/start_weight_update")
+            assert taken.status_code == 200, taken.text
+            late = await client.post("/finish_weight_update", headers=owner)
+            assert late.status_code == 409
+            assert await checksums(client) == before

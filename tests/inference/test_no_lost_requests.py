@@ -35,8 +35,9 @@ def small_batch_server(
 ) -> Iterator[RunningServer]:
     log = tmp_path_factory.mktemp("no-lost") / "server.log"
     running = start_server(
-        test_model_path, subprocess_env, log, "--max-batch-size", "4", *SERVER_FLAGS
-    )
+        test_model_path, subprocess_env, log, "--max-batch-size", "4", *SERVER_FLAGS,
+        "--weight-roots", str(test_model_path),  # it reloads the served folder
+    )  # fmt: skip
     yield running
     stop_server(running)
 

@@ -92,7 +92,9 @@ def test_crash_and_resume_against_the_broker_matches_a_straight_run(
 def test_disk_sync_changes_the_embedded_servers_outputs(
     service: Callable[..., str], test_model_path: Path, tmp_path: Path
 ) -> None:
-    server = service("atroposlib.inference", "--model", str(test_model_path))
+    server = service(
+        "atroposlib.inference", "--model", str(test_model_path), "--weight-roots", str(tmp_path)
+    )
     request = {"model": str(test_model_path), "prompt": "What is 2+3?", "max_tokens": 6}
     request |= {"temperature": 0.0, "logprobs": 0}
 

@@ -117,6 +117,18 @@ class ProxySettings(AccessSettings):
     max_session_nodes: int = Field(
         default=4096, ge=1, description="Recorded sequences one session may hold (429 past)."
     )
+    max_session_bytes: int = Field(
+        default=256 * MiB,
+        ge=1024,
+        description="Bytes one session's nodes may hold (text, 8 per id, mask and logprob); "
+        "a request past it: 429.",
+    )
+    max_sessions_per_client: int = Field(
+        default=1024,
+        ge=1,
+        description="Open sessions one client (peer address) may hold (429 past), so no one "
+        "client takes all max_sessions.",
+    )
     sweep_interval_s: float = Field(
         default=60.0, gt=0, description="Seconds between sweeps closing idle sessions."
     )
@@ -130,7 +142,12 @@ def create_app(
 ) -> FastAPI:
     """The proxy app over ``server_manager``'s servers (each session pinned to one)."""
     settings = settings or ProxySettings()
-    table = SessionTable(server_manager, settings.max_sessions, settings.idle_timeout_s)
+    table = SessionTable(
+        server_manager,
+        settings.max_sessions,
+        settings.idle_timeout_s,
+        max_per_client=settings.max_sessions_per_client,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -210,6 +227,22 @@ def _new_session_id() -> str:
     return str(uuid_lib.UUID(bytes=secrets.token_bytes(16), version=4))
 
 
+def _check_room(session: ProxySession, settings: ProxySettings) -> None:
+    """429 naming the limit when the session may record no more."""
+    if len(session.recorder.nodes) >= settings.max_session_nodes:
+        limit = settings.max_session_nodes
+        raise HTTPException(429, f"session: {limit} nodes recorded (max_session_nodes); "
+                            "read them and open a new session")  # fmt: skip
+    if session.recorded_bytes >= settings.max_session_bytes:
+        limit = settings.max_session_bytes
+        raise HTTPException(429, f"session: its nodes hold {limit} bytes or more "
+                            "(max_session_bytes); read them and open a new session")  # fmt: skip
+
+
+def _client_of(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 def _open_session(table: SessionTable, session_id: str) -> ProxySession:
     session = table.get(session_id)
     if session is None:
@@ -224,7 +257,7 @@ def _add_session_routes(
     """Creating a session and everything under ``/{session_id}``."""
 
     @app.post("/sessions/create")
-    async def create_session(body: SessionCreateRequest) -> SessionCreateResponse:
+    async def create_session(body: SessionCreateRequest, request: Request) -> SessionCreateResponse:
         try:
             ToolCallTranslator(tokenizer, body.tool_parser)
         except ConfigError as exc:
@@ -240,11 +273,15 @@ def _add_session_routes(
         session = ProxySession(
             uuid=_new_session_id(), recorder=recorder, model_name=model_name,
             tool_parser=body.tool_parser, base_url=table.base_url_of(server),
-            temperature=body.temperature,
+            temperature=body.temperature, client=_client_of(request),
         )  # fmt: skip
-        if not table.add(session):
-            raise HTTPException(429, f"sessions: {settings.max_sessions} are open (max_sessions)"
-                                "; close finished ones with DELETE /{id}")  # fmt: skip
+        refused = table.limit_reached(session.client)
+        if refused is not None:
+            limit = getattr(settings, refused)
+            whose = "are open" if refused == "max_sessions" else "are open for this client"
+            raise HTTPException(429, f"sessions: {limit} {whose} ({refused}); close finished "
+                                "ones with DELETE /{id}")  # fmt: skip
+        table.add(session)  # room was checked just now, with nothing awaited since
         return SessionCreateResponse(uuid=session.uuid, model_name=model_name,
                                      tool_parser=session.tool_parser, base_url=session.base_url,
                                      created_at=session.created_at)  # fmt: skip
@@ -254,10 +291,7 @@ def _add_session_routes(
         session_id: str, body: ChatCompletionProxyRequest
     ) -> ProxyChatCompletion:
         session = _open_session(table, session_id)
-        if len(session.recorder.nodes) >= settings.max_session_nodes:
-            limit = settings.max_session_nodes
-            raise HTTPException(429, f"session: {limit} nodes recorded (max_session_nodes); "
-                                "read them and open a new session")  # fmt: skip
+        _check_room(session, settings)
         try:
             choices = await session.complete(body, settings.default_max_tokens)
         except TemplateRenderError as exc:
@@ -367,10 +401,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, required=True, help="servers.json (see module)")
     parser.add_argument("--port", type=int, default=9100)
     add_access_flags(parser)
-    parser.add_argument("--max-sessions", type=int, default=ProxySettings().max_sessions)
+    defaults = ProxySettings()
+    for flag in ("max_sessions", "max_sessions_per_client", "max_session_bytes"):
+        help_text = ProxySettings.model_fields[flag].description
+        parser.add_argument("--" + flag.replace("_", "-"), type=int,
+                            default=getattr(defaults, flag), help=help_text)  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        settings = ProxySettings(max_sessions=args.max_sessions, **access_fields(args))
+        settings = ProxySettings(
+            max_sessions=args.max_sessions,
+            max_sessions_per_client=args.max_sessions_per_client,
+            max_session_bytes=args.max_session_bytes,
+            **access_fields(args),
+        )
     except ValidationError as exc:
         parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

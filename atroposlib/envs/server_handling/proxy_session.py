@@ -203,6 +203,8 @@ class ProxySession:
     tool_parser: str
     base_url: str | None
     temperature: float | None = None
+    client: str = ""
+    """Who created it (the peer address): per-client caps count by it."""
     created_at: float = field(default_factory=time.time)
     last_accessed: float = field(default_factory=time.time)
     memory: ReplyMemory = field(default_factory=ReplyMemory)
@@ -221,6 +223,14 @@ class ProxySession:
     def translator(self) -> ToolCallTranslator | None:
         """The session's tool-call translator (Atropos's name); None without a parser."""
         return self.recorder._get_translator()
+
+    @property
+    def recorded_bytes(self) -> int:
+        """What its nodes hold: their text, and 8 bytes per id, mask and logprob."""
+        return sum(
+            len(n.full_text) + 8 * (len(n.tokens) + len(n.masked_tokens) + len(n.logprobs))
+            for n in self.recorder.nodes
+        )
 
     def touch(self) -> None:
         self.last_accessed = time.time()

@@ -48,9 +48,11 @@ class SessionTable:
         max_sessions: int,
         idle_timeout_s: float,
         clock: Callable[[], float] = time.time,
+        max_per_client: int | None = None,
     ) -> None:
         self.server_manager = server_manager
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client or max_sessions
         self.idle_timeout_s = idle_timeout_s
         self.clock = clock
         self._sessions: dict[str, ProxySession] = {}
@@ -72,12 +74,24 @@ class SessionTable:
         return list(self._sessions.values())
 
     def add(self, session: ProxySession) -> bool:
-        """Whether ``session`` was added (False: the table is full of active sessions)."""
-        self.close_idle()
-        if len(self._sessions) >= self.max_sessions:
+        """Whether ``session`` was added (False: :meth:`limit_reached` names why not)."""
+        if self.limit_reached(session.client) is not None:
             return False
         self._sessions[session.uuid] = session
         return True
+
+    def limit_reached(self, client: str) -> str | None:
+        """The limit a new session of ``client`` would pass, idle sessions closed first:
+        ``max_sessions`` (the table is full of active ones) or ``max_sessions_per_client``."""
+        self.close_idle()
+        if len(self._sessions) >= self.max_sessions:
+            return "max_sessions"
+        if self.open_by(client) >= self.max_per_client:
+            return "max_sessions_per_client"
+        return None
+
+    def open_by(self, client: str) -> int:
+        return sum(1 for s in self._sessions.values() if s.client == client)
 
     def close_idle(self) -> None:
         deadline = self.clock() - self.idle_timeout_s
