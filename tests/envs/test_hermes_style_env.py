@@ -65,8 +65,14 @@ def test_the_managed_path_trains_on_the_engine_s_ids_and_logprobs_with_parsed_to
 ) -> None:
     server, log = logged_server
     (row,) = process(server, tmp_path)
-    served = {(tuple(r["prompt_ids"]), tuple(r["output_ids"])): r["logprobs"]
-              for r in read_sample_log(log)}  # fmt: skip
+    # Both replies of the group are greedy, so the same ids can be sampled twice; the second
+    # computation may reuse the first's prompt cache and round differently (~3e-7): each trained
+    # span must equal one of the samplings exactly.
+    served: dict[tuple[tuple[int, ...], tuple[int, ...]], list[list[float]]] = {}
+    for r in read_sample_log(log):
+        served.setdefault((tuple(r["prompt_ids"]), tuple(r["output_ids"])), []).append(
+            r["logprobs"]
+        )
     assert len(row["tokens"]) == 2 and row["scores"] == [1.0, 1.0]
     for tokens, masks, logprobs, chat in zip(
         row["tokens"], row["masks"], row["inference_logprobs"], row["messages"], strict=True
@@ -76,7 +82,7 @@ def test_the_managed_path_trains_on_the_engine_s_ids_and_logprobs_with_parsed_to
         for start, end in spans:
             key = (tuple(tokens[:start]), tuple(tokens[start:end]))
             assert key in served, "trained ids are an output sampled right after these ids"
-            assert logprobs[start:end] == served[key] and masks[start:end] == tokens[start:end]
+            assert logprobs[start:end] in served[key] and masks[start:end] == tokens[start:end]
         assert spans[-1][1] == len(tokens), "nothing follows the last sampled reply"
         trained = {p for start, end in spans for p in range(start, end)}
         assert all(logprobs[p] == 1.0 for p in range(len(tokens)) if p not in trained)
