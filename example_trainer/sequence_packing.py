@@ -15,7 +15,7 @@ logprobs, GSPO ratio, sequence-mean aggregation, SFT rows) is the same function 
 numbers in every micro-batching mode. The last position of each sequence predicts the first
 token of the next one; it is never gathered, so never trained (in the padded layout it is
 no target either). With ``trained_only`` the vocabulary projection and log-softmax run only
-at trained positions (``logits_to_keep``): every loss term and metric is masked to trained
+at trained positions (scored_positions_only): every loss term and metric is masked to trained
 tokens, so the loss does not change.
 
 ``micro_batching: prefix_shared`` lays out trees of sequences sharing a prompt instead
