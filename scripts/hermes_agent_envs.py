@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "inference"))
 from inference_helpers import SERVED_NAME, RunningServer, start_server, stop_server  # noqa: E402
 
-from atroposlib.inference.sample_log import read_sample_log  # noqa: E402
+from atroposlib.inference.sample_log import read_sample_log, trained_spans  # noqa: E402
 
 TEMPLATE = REPO / "tests" / "envs" / "hermes_style" / "hermes_tools.jinja"
 ENVS: dict[str, tuple[str, list[str]]] = {
@@ -82,17 +82,6 @@ def child_env(hermes: Path, home: Path) -> dict[str, str]:
             "HOME": str(home), "TERMINAL_ENV": "local", "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
             "TOKENIZERS_PARALLELISM": "false", "OPENAI_API_KEY": "x"}  # fmt: skip
-
-
-def trained_spans(masks: list[int]) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for index, mask in enumerate([*masks, -100]):
-        if mask != -100 and start is None:
-            start = index
-        elif mask == -100 and start is not None:
-            spans.append((start, index))
-            start = None
-    return spans
 
 
 def check_rows(rows: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> dict[str, Any]:

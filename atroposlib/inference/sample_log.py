@@ -51,3 +51,21 @@ def read_sample_log(path: Path) -> list[dict[str, object]]:
     if not path.exists():
         return []
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def trained_spans(masks: list[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of trained positions (mask != -100) of a written sequence:
+    each should be an output the sample log holds right after ``tokens[:start]``.
+
+    >>> trained_spans([-100, -100, 5, 6, -100, 7])
+    [(2, 4), (5, 6)]
+    """
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    for index, mask in enumerate([*masks, -100]):
+        if mask != -100 and start is None:
+            start = index
+        elif mask == -100 and start is not None:
+            spans.append((start, index))
+            start = None
+    return spans

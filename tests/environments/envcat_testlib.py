@@ -14,6 +14,7 @@ import httpx
 import torch
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.inference import sample_log
 from example_trainer.config import LossConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals
 from example_trainer.loss import LossInputs, grpo_loss
@@ -233,14 +234,7 @@ class TokenFake:
 
 def trained_spans(tokens: list[int], masks: list[int]) -> list[tuple[int, int]]:
     """``(start, end)`` of each run of trained positions (mask != -100)."""
-    spans, start = [], None
-    for index, mask in enumerate([*masks, -100]):
-        if mask != -100 and start is None:
-            start = index
-        elif mask == -100 and start is not None:
-            spans.append((start, index))
-            start = None
-    return spans
+    return sample_log.trained_spans(masks)
 
 
 def assert_token_exact_groups(groups: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from envs_testlib import child_env
 
-from atroposlib.inference.sample_log import read_sample_log
+from atroposlib.inference.sample_log import read_sample_log, trained_spans
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
 from inference_helpers import RunningServer, start_server, stop_server
@@ -35,17 +35,6 @@ def logged_server(
                           "--sample-log", str(log))  # fmt: skip
     yield server, log
     stop_server(server)
-
-
-def trained_spans(masks: list[int]) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for index, mask in enumerate([*masks, -100]):
-        if mask != -100 and start is None:
-            start = index
-        elif mask == -100 and start is not None:
-            spans.append((start, index))
-            start = None
-    return spans
 
 
 def process(server: RunningServer, tmp: Path, *flags: str) -> list[dict[str, Any]]:
