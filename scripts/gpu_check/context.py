@@ -3,7 +3,6 @@ the result it writes into."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,9 +73,3 @@ class Context:
 
     def peak_memory_gib(self) -> float | None:
         return torch.cuda.max_memory_allocated() / 2**30 if self.gpu else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
