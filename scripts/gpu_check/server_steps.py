@@ -152,6 +152,7 @@ def throughput(ctx: Context) -> None:
 
 def weight_push(ctx: Context) -> None:
     model_dir = ctx.model("qwen2.5-0.5b-like")
+    run = build_trainee(trainer_steps.config(ctx, model_dir), None, torch.device(ctx.device), 1)
     with embedded_server(ctx, model_dir, "auto", "push") as (url, _):
         for transport in ("shm", "http", "disk"):
             live = transport != "disk"
@@ -160,7 +161,6 @@ def weight_push(ctx: Context) -> None:
                 sync_transport=transport if live else "auto", inference_urls=[url],
                 sync_verify="checksum", save_dir=ctx.work / f"push-{transport}",
             )  # fmt: skip
-            run = build_trainee(cfg, None, torch.device(ctx.device), 1)
             sync = sync_for(cfg)
             seconds = []
             for step in (1, 2):
@@ -179,7 +179,6 @@ def weight_push(ctx: Context) -> None:
                               f"{transport}/first_push_s": seconds[0]})  # fmt: skip
             ctx.result.check(f"{transport}: version read back", str(version) == "2", version, "2")
             sync.close()
-            del run
 
 
 def served_matches(url: str, run: Any, device: str) -> bool:
