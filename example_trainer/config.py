@@ -273,7 +273,9 @@ class TrainerConfig(LayeredSettings):
     sync_recompute_kv: bool = Field(
         False,
         description="keep mode: requests in flight recompute their KV cache under the new "
-        "weights (vLLM reset_running_requests, SGLang retract) instead of keeping it.",
+        "weights (vLLM reset_running_requests, SGLang retract) instead of keeping it. Without "
+        "it, vLLM cannot reset its prefix cache while they hold blocks: a new request starting "
+        "with a cached prefix reuses keys/values of the earlier weights (warned once).",
     )
     sync_master_address: str = Field(
         "127.0.0.1", description="nccl/distributed: address of the trainer's rendezvous."

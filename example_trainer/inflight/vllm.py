@@ -138,9 +138,16 @@ class VllmEngine(VllmRoutes):
         refused = [
             url for url, a in answers.items() if isinstance(a, dict) and not a.get("success")
         ]
-        if refused:  # blocks held by frozen requests (keep mode): a cache entry may be stale
+        if refused:  # blocks held by frozen requests (keep mode without recompute_kv)
+            first = self.cache_resets_refused == 0
             self.cache_resets_refused += len(refused)
-            logger.info("prefix cache not reset on %s (requests hold its blocks)", refused)
+            (logger.warning if first else logger.info)(
+                "prefix cache not reset on %s: requests in flight hold its blocks, so a new "
+                "request that starts with a cached prefix (a group's prompt, a conversation's "
+                "earlier turns) reuses keys/values of the earlier weights; --sync-recompute-kv "
+                "true resets it (the requests in flight recompute theirs)",
+                refused,
+            )
 
     def sent_checksums(self) -> dict[str, str] | None:
         return None

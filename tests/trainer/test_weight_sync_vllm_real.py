@@ -414,9 +414,11 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     assert done.returncode == 0, said[-3000:]
     assert version(url) == "4"
     assert "1" in watch.greedy_at, f"versions seen: {sorted(watch.greedy_at)}"
-    assert watch.greedy_at["1"] != before  # the first push landed
     final = load_model(tmp_path / "run" / "step-4")  # the trainer's last checkpoint
     assert "4" in watch.greedy_at, f"versions seen: {sorted(watch.greedy_at)}"
+    # a step can leave the greedy answer as it was (a batch of equal-reward groups has no
+    # gradient but weight decay), four steps at lr 1e-3 do not
+    assert watch.greedy_at["4"] != before
     assert watch.greedy_at["4"] == hf_greedy(final)  # what vLLM serves is exactly it
     lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", said)
     assert [step for step, _, _ in lags] == ["1", "2", "3", "4"], said[-3000:]

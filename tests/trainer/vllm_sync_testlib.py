@@ -9,6 +9,7 @@ import itertools
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +60,10 @@ def perturb(model: nn.Module, seed: int, scale: float = 0.02) -> nn.Module:
 
 
 def greedy(url: str, model: str, n: int = 16) -> list[int]:
+    # a fresh cache_salt: in keep mode vLLM may keep prefix-cache blocks of earlier weights
+    # (its reset is refused while requests in flight hold blocks); this answer is the weights'
     body = {"model": model, "prompt": PROMPT_IDS, "max_tokens": n, "temperature": 0.0,
-            "return_token_ids": True}  # fmt: skip
+            "return_token_ids": True, "cache_salt": uuid.uuid4().hex}  # fmt: skip
     answer = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
     answer.raise_for_status()
     return list(answer.json()["choices"][0]["token_ids"])
