@@ -239,3 +239,33 @@ def test_a_run_evaluates_during_training_and_records_every_snapshot(
     assert training and all(
         " held-out strict " in line and " warning " in line for line in training
     )
+
+
+def test_a_dropped_groups_warning_is_raised_once_while_its_share_moves(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path, "base-model", 1, 2)
+    http = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    poller = StatusPoller(layout, http)
+
+    def write(groups: list[tuple[bool, float]]) -> None:
+        with layout.rollouts_file.open("a") as out:
+            for dropped, reward in groups:
+                out.write(json.dumps({"dropped": dropped, "scores": [reward] * 4}) + "\n")
+
+    with Supervisor(tmp_path, http=http) as supervisor:
+        watch = RunWatch(LocalRunSettings(), layout, supervisor, poller)
+        write([(i % 2 == 0, 0.5) for i in range(40)] + [(False, 1.5)] * 40)
+        shown = []
+        for _ in range(12):  # the collapsed state: its share of the last 40 climbs group by group
+            write([(True, 0.5)] * 3)
+            watch.tick()
+            shown.append(list(poller.status.warnings))
+        raised = list(watch.warnings_raised)
+        write([(False, 1.0)] * 40)  # it clears ...
+        watch.tick()
+        cleared = list(poller.status.warnings)
+        write([(True, 0.5)] * 40)  # ... and comes back: news again
+        watch.tick()
+    assert len(raised) == 1 and raised[0]["warning"].startswith("82 % of the last 40 groups")
+    assert shown[-1] == [raised[0]["warning"]]  # kept as raised, not re-worded per group
+    assert cleared == []
+    assert len(watch.warnings_raised) == 2

@@ -95,6 +95,8 @@ class RunWatch:
         self.training = True
         """Evaluations start only while the trainer runs (:meth:`end_training`)."""
         self._last_started = 0
+        self._active: dict[str, str] = {}
+        """The warnings raised that still hold, by kind, as raised."""
 
     def tick(self) -> None:
         """Collect a finished evaluation, start a due one, refresh the warnings."""
@@ -207,22 +209,29 @@ class RunWatch:
         return int(self.poller.status.train_row.get("step") or 0)
 
     def _refresh_warnings(self, step: int) -> None:
-        warnings = [
-            w
-            for w in (
-                accuracy_warning(self.snapshots, self.settings.eval_drop_warning),
-                dropped_groups_warning(
-                    failing_groups(self.groups.read()), self.settings.dropped_groups_warning
+        """Each kind of warning is raised (logged, recorded) when it starts and kept as raised
+        while it holds: the dropped share moves with every group, which is no news. A new
+        held-out snapshot that still warns is news."""
+        fresh = {
+            kind: text
+            for kind, text in (
+                ("held_out", accuracy_warning(self.snapshots, self.settings.eval_drop_warning)),
+                (
+                    "dropped_groups",
+                    dropped_groups_warning(
+                        failing_groups(self.groups.read()), self.settings.dropped_groups_warning
+                    ),
                 ),
             )
-            if w is not None
-        ]
-        status = self.poller.status
-        for warning in warnings:
-            if warning not in status.warnings:
-                self.warnings_raised.append({"step": step, "warning": warning})
-                logger.warning("step %d: %s", step, warning)
-        status.warnings = warnings
+            if text is not None
+        }
+        for kind, text in fresh.items():
+            if kind not in self._active or (kind == "held_out" and self._active[kind] != text):
+                self._active[kind] = text
+                self.warnings_raised.append({"step": step, "warning": text})
+                logger.warning("step %d: %s", step, text)
+        self._active = {kind: self._active[kind] for kind in fresh}
+        self.poller.status.warnings = list(self._active.values())
 
 
 def read_snapshot(folder: Path, step: int, weight_version: int | None) -> Snapshot | None:
