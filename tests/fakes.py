@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 
@@ -83,3 +84,17 @@ def uvicorn_on_loopback(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def trainer_block(size: int, name: str | None = None) -> Iterator[shared_memory.SharedMemory]:
+    """A block as the trainer creates it. The server side, here in the same process, stops
+    this process's resource tracker from tracking it; tracked again before the unlink, so
+    the tracker is not asked to forget it twice."""
+    block = shared_memory.SharedMemory(name=name, create=True, size=size)
+    try:
+        yield block
+    finally:
+        block.close()
+        resource_tracker.register(block._name, "shared_memory")  # type: ignore[attr-defined]
+        block.unlink()

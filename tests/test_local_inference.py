@@ -36,6 +36,9 @@ def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
     assert flag(list(server.argv), "--dtype") == "float32"
     assert flag(list(server.argv), "--port") == "2"
     assert server.env["VLLM_SERVER_DEV_MODE"] == "1"  # /collective_rpc reloads the weights
+    # ...so every route takes the run's key (ATROPOS_API_KEY, from the supervisor's env)
+    assert flag(list(server.argv), "--middleware") == "atroposlib.vllm_plugin.guard.VllmGuard"
+    assert flag(list(server.argv), "--host") == "127.0.0.1"
     env = list(components.environment(layout, settings).argv)
     assert flag(env, "--openai.server_type") == "vllm"
     trainer = list(components.trainer(layout, settings).argv)

@@ -137,9 +137,17 @@ class VllmServer:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The bearer header of the key the server was started with (``ATROPOS_API_KEY``: our
+        ``--middleware`` guard reads it), else none."""
+        key = self.env.get("ATROPOS_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def start(self) -> VllmServer:
         if self.external:
-            httpx.get(f"{self.base_url}/models", timeout=10).raise_for_status()
+            answer = httpx.get(f"{self.base_url}/models", timeout=10, headers=self.headers)
+            answer.raise_for_status()
             return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
@@ -153,7 +161,8 @@ class VllmServer:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode} while starting; "
                                    f"log {self.log_path}:\n{self.log_tail()}")  # fmt: skip
             try:
-                if httpx.get(f"{self.base_url}/models", timeout=5).status_code == 200:
+                answer = httpx.get(f"{self.base_url}/models", timeout=5, headers=self.headers)
+                if answer.status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -215,6 +224,13 @@ class RecordingProxy:
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The bearer header of the key the server was started with (``ATROPOS_API_KEY``: our
+        ``--middleware`` guard reads it), else none."""
+        key = self.env.get("ATROPOS_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _app(self) -> Any:
         from starlette.applications import Starlette

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,7 +13,7 @@ from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.sample_log import SampleLog
 from atroposlib.inference.scheduler import Scheduler
 from atroposlib.inference.settings import InferenceSettings
-from atroposlib.inference.weight_transfer import Staging, staging_executor
+from atroposlib.inference.weight_transfer import Staging, new_shm_prefix, staging_executor
 
 
 @dataclass
@@ -34,7 +33,7 @@ class ServerState:
     """Where chunks are decoded and copied (one thread; shut down with the app)."""
     uploads: int = 0
     """``/update_weights`` calls reading or staging a chunk now."""
-    shm_prefix: str = field(default_factory=lambda: f"atropos_{secrets.token_hex(8)}_")
+    shm_prefix: str = field(default_factory=new_shm_prefix)
     """Shared-memory blocks this server opens are named with it (announced at init)."""
 
     def __post_init__(self) -> None:

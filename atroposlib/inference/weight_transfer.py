@@ -42,6 +42,22 @@ DTYPES: dict[str, torch.dtype] = {
 T = TypeVar("T")
 
 _SHM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+_SHM_PREFIX = re.compile(r"^atropos_[0-9a-f]{16,64}_$")
+
+
+def new_shm_prefix() -> str:
+    """A random prefix for the shared-memory blocks of one weight-transfer session."""
+    return f"atropos_{secrets.token_hex(8)}_"
+
+
+def checked_shm_prefix(prefix: str | None, field: str = "init_info.shm_prefix") -> str:
+    """``prefix`` when it is one :func:`new_shm_prefix` makes: a caller cannot widen the names
+    a server opens to blocks that are not ours (``""`` would let it name any block)."""
+    if prefix is None or not _SHM_PREFIX.match(prefix):
+        raise TransferError(
+            field, "must be 'atropos_' + 16 to 64 random hex digits + '_' (new_shm_prefix())"
+        )
+    return prefix
 
 
 def staging_executor() -> ThreadPoolExecutor:
@@ -189,7 +205,7 @@ def use_shared_memory(
     if claim is not None and not shm_name.startswith(claim.prefix):
         raise TransferError(
             "update_info.shm_name",
-            "must start with the shm_prefix /init_weight_transfer_engine answered",
+            "must start with the shm_prefix of /init_weight_transfer_engine",
         )
     if not len(names) == len(dtype_names) == len(shapes):
         raise TransferError(

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 VLLM_VERSION = "0.32.0"
 INSTALLED_STAMP = ".atroposlib-installed"
+VLLM_GUARD = "atroposlib.vllm_plugin.guard.VllmGuard"
+"""vLLM's ``--middleware``: our key and browser guard on every route (dev-mode ones included)."""
 
 
 def vllm_venv() -> Path:
@@ -74,7 +76,9 @@ class VllmInference:
     sampled from (``processed_logprobs``: temperature applied), so they match the trainer's to
     ~1e-5; the trainer writes each step's weights to a folder and vLLM reloads them in place
     (``weight_sync vllm``, transport ``disk``: ``/collective_rpc`` ``reload_weights``, which
-    needs ``VLLM_SERVER_DEV_MODE``), waiting for the replies in flight."""
+    needs ``VLLM_SERVER_DEV_MODE``), waiting for the replies in flight. Bound to loopback, every
+    route but ``/health`` behind the run's key (:mod:`atroposlib.vllm_plugin.guard`, which reads
+    ``ATROPOS_API_KEY`` from the run's environment): vLLM's own key covers ``/v1`` only."""
 
     server_type: str = "vllm"
     version_path: str = "/weight_info"
@@ -89,8 +93,8 @@ class VllmInference:
             [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
              "--model", layout.model, "--served-model-name", "default", "--dtype", "float32",
              "--max-model-len", "2048", "--logprobs-mode", "processed_logprobs",
-             "--host", "127.0.0.1",
-             "--port", str(layout.inference_port)],
+             "--host", "127.0.0.1", "--port", str(layout.inference_port),
+             "--middleware", VLLM_GUARD],
             health_url=f"{layout.inference_url}/health",
             env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1",
                  "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": str(settings.threads)},

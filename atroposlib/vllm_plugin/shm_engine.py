@@ -6,6 +6,12 @@ shapes (a wrong name or shape is refused with a message naming it, and the serve
 as they were), and kept in the served dtype; ``finish_weight_update`` loads the staged tensors
 with vLLM's layerwise reload (Hugging Face names in, vLLM's fused layout out), the same path
 its ``reload_weights`` takes from disk. Runs in vLLM's worker processes; imports vLLM.
+
+A chunk's block is opened on the embedded server's terms (:class:`BlockClaim`): its name starts
+with the random ``shm_prefix`` the trainer gave ``/init_weight_transfer_engine`` (vLLM answers
+that route with a fixed message, so the prefix travels the other way), and the block is this
+user's, mode 0600 and of the declared ``shm_bytes``. A request naming any other block is refused
+with a message naming the field.
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from atroposlib.inference.weight_transfer import BlockClaim, TransferError, read_shared_memory
+from atroposlib.inference.weight_transfer import (
+    BlockClaim,
+    TransferError,
+    checked_shm_prefix,
+    read_shared_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +45,9 @@ Layout = dict[str, tuple[int, ...]]
 @dataclass
 class SharedMemoryInitInfo(WeightTransferInitInfo):
     """Nothing to rendezvous: the trainer and the workers share this machine's /dev/shm."""
+
+    shm_prefix: str | None = None
+    """Every block of this session is named with it (``new_shm_prefix()``); required."""
 
 
 @dataclass
@@ -45,7 +59,7 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
     shapes: list[list[int]]
     shm_name: str
     shm_bytes: int | None = None
-    """The block's size; when given, the block must also be this user's and mode 0600."""
+    """The block's size (required); the block must also be this user's and mode 0600."""
 
 
 class SharedMemoryWeightTransferEngine(
@@ -60,9 +74,11 @@ class SharedMemoryWeightTransferEngine(
         self._staged: dict[str, Tensor] = {}
         self._layout: Layout | None = None
         self._layout_of: str | None = None
+        self._prefix: str | None = None
 
     def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
-        """No data-plane set-up."""
+        """No data-plane set-up: the prefix of the blocks this session may name."""
+        self._prefix = checked_shm_prefix(init_info.shm_prefix)
 
     def start_weight_update(self) -> None:
         self._staged = {}
@@ -73,8 +89,14 @@ class SharedMemoryWeightTransferEngine(
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
-        declared = update_info.shm_bytes
-        claim = None if declared is None else BlockClaim("", declared)
+        if self._prefix is None:
+            raise TransferError(
+                "update_info.shm_name",
+                "no shm_prefix yet: call /init_weight_transfer_engine with init_info.shm_prefix",
+            )
+        if update_info.shm_bytes is None:
+            raise TransferError("update_info.shm_bytes", "required: the block's size in bytes")
+        claim = BlockClaim(self._prefix, update_info.shm_bytes)
         chunk = read_shared_memory(
             update_info.shm_name,
             update_info.names,

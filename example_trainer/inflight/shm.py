@@ -2,8 +2,9 @@
 machine (the ``shm`` transport of the embedded server and of our vLLM plugin): the tensors
 back to back, named in an ``update_info`` of vLLM's fields (names, dtype_names, shapes) plus
 the block's name and size. The servers copy out of the block before they answer, so it is
-reused. The embedded server opens only blocks whose name starts with the prefix it announced
-(``shm_prefix``), owned by its user, mode 0600 and of the declared size."""
+reused. A server opens only blocks whose name starts with the session's prefix (``shm_prefix``:
+the embedded server announces its own, our vLLM engine takes the trainer's), owned by its user,
+mode 0600 and of the declared size."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from atroposlib.inference.weight_transfer import new_shm_prefix
 from example_trainer.inflight.driver import VllmRoutes
 from example_trainer.inflight.fleet import Fleet, SyncFailure
 from example_trainer.inflight.shm import SharedBlock
@@ -58,7 +59,8 @@ class VllmEngine(VllmRoutes):
         # vLLM's own engines write the chunks into the served weights (pause first); ours
         # stages them beside the served weights until the finish
         self.stages_before_pause = backend == "shm"
-        self._shm = SharedBlock()
+        # the engine opens only blocks named with the prefix this trainer announces at init
+        self._shm = SharedBlock(new_shm_prefix())
         self.master_address, self.master_port = master_address, master_port
         self._factory = transfer_factory  # injected in tests; vLLM's trainer factory otherwise
         self._transfer: Any = None
@@ -68,7 +70,8 @@ class VllmEngine(VllmRoutes):
 
     def connect(self, fleet: Fleet) -> None:
         if self.backend == "shm":
-            fleet.post_all("/init_weight_transfer_engine", json={"init_info": {}})
+            init = {"init_info": {"shm_prefix": self._shm.prefix}}
+            fleet.post_all("/init_weight_transfer_engine", json=init)
             return
         if self.backend == "disk" or self._transfer is not None:
             return  # a transfer engine, once set up, is kept across failed pushes

@@ -150,7 +150,8 @@ def test_multi_node_places_broker_servers_trainer_and_envs(tmp_path: Path) -> No
     assert value_after(broker, "--max-queued-groups") == "50000"
     server = job.launched("inference-gpu003-9002")[0]
     assert "--nodelist=gpu003" in server and "CUDA_VISIBLE_DEVICES=4,5" in server
-    assert "sglang.launch_server" in server and value_after(server, "--tp-size") == "2"
+    assert value_after(server, "-m") == "atroposlib.cli.sglang_keyed"  # --api-key, from the env
+    assert value_after(server, "--tp-size") == "2" and "--api-key" not in server
     assert value_after(server, "--port") == "9002" and value_after(server, "--model-path") == (
         "org/model"
     )
@@ -292,6 +293,39 @@ def test_without_a_given_key_the_job_generates_one_for_every_component(tmp_path:
     assert not any(key in arg for argv in job.launches for arg in argv)
     other = run_job(tmp_path / "again", "slurm-cpu-trial", ["cpu1"])
     assert (other.root / "logs" / "77" / "api_key").read_text().strip() != key
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_vllm_and_sglang_get_the_jobs_key_for_every_route_off_the_command_line(
+    tmp_path: Path, engine: str
+) -> None:
+    key = "job-secret-456"
+    job = run_job(tmp_path, "multi-node", ["g1", "g2"], MODEL="org/model", INFER_ENGINE=engine,
+                  ATROPOS_API_KEY=key)  # fmt: skip
+    assert job.returncode == 0, job.output
+    name = "inference-g2-9000"
+    server = job.launched(name)[0]
+    if engine == "vllm":  # the middleware guards the dev-mode routes /v1's key leaves open
+        assert value_after(server, "-m") == "vllm.entrypoints.openai.api_server"
+        assert value_after(server, "--middleware") == "atroposlib.vllm_plugin.guard.VllmGuard"
+    else:  # the launcher turns ATROPOS_API_KEY into SGLang's --api-key inside the process
+        assert value_after(server, "-m") == "atroposlib.cli.sglang_keyed"
+    assert (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[0] == key
+    assert not any(key in arg for arg in server) and "--api-key" not in server
+
+
+def test_sglang_keyed_adds_the_key_inside_the_process_and_refuses_a_missing_one() -> None:
+    from atroposlib.cli.sglang_keyed import keyed_argv
+
+    keyed = keyed_argv(["--port", "1"], {"ATROPOS_API_KEY": "k"})
+    assert keyed == ["--port", "1", "--api-key", "k"]
+    for environ, argv, why in [
+        ({}, [], "is not set"),
+        ({"ATROPOS_API_KEY": " "}, [], "set but empty"),
+        ({"ATROPOS_API_KEY": "k"}, ["--api-key=k"], "shows the key in ps"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            keyed_argv(argv, environ)
 
 
 def test_an_empty_key_stops_the_job_before_anything_starts(tmp_path: Path) -> None:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 import pytest
@@ -19,22 +16,9 @@ from atroposlib.inference.weight_transfer import (
     TransferError,
     stage_shared_memory,
 )
+from tests.fakes import trainer_block
 
 EXPECTED = {"a": ((2, 3), torch.float32), "b": ((4,), torch.bfloat16)}
-
-
-@contextmanager
-def trainer_block(size: int, name: str | None = None) -> Iterator[shared_memory.SharedMemory]:
-    """A block as the trainer creates it. The server side, here in the same process, stops
-    this process's resource tracker from tracking it; tracked again before the unlink, so
-    the tracker is not asked to forget it twice."""
-    block = shared_memory.SharedMemory(name=name, create=True, size=size)
-    try:
-        yield block
-    finally:
-        block.close()
-        resource_tracker.register(block._name, "shared_memory")  # type: ignore[attr-defined]
-        block.unlink()
 
 
 def test_a_shared_block_is_copied_once_into_the_served_dtypes() -> None:

@@ -244,6 +244,8 @@ def test_vllm_shm_backend_sends_the_chunks_before_the_pause_which_covers_only_th
             "/finish_weight_update", "/reset_prefix_cache", "/resume", "/weight_info",
         ]  # fmt: skip
         info = calls[2][2]["update_info"]  # type: ignore[index]
+        prefix = calls[0][2]["init_info"]["shm_prefix"]  # type: ignore[index]
+        assert prefix.startswith("atropos_") and info["shm_name"].startswith(prefix)
         assert (info["names"], info["dtype_names"], info["shapes"]) == (
             ["w", "b"],
             ["float32", "float32"],

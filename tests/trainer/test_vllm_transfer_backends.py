@@ -54,4 +54,8 @@ def test_no_built_in_engine_runs_on_the_cpu_build_and_ours_stages_and_refuses(
         "good": "staged [2, 3] sum 15.0",
         "name": "TransferError: v: the served checkpoint has no tensor of this name",
         "shape": "TransferError: w: shape [3, 2] does not match the served [2, 3]",
+        "foreign": "TransferError: update_info.shm_name: must start with the shm_prefix of "
+        "/init_weight_transfer_engine",
+        "size": "TransferError: update_info.shm_bytes: is not the block's size",
+        "mode": "TransferError: update_info.shm_name: the block's mode must be 0600 (owner only)",
     }

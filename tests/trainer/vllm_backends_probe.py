@@ -101,29 +101,42 @@ def trainer(name: str) -> str:
 
 
 def shm_checks(vllm_config: Any) -> dict[str, str]:
-    """Our engine against a served checkpoint holding ``w`` (2, 3): a good chunk is staged,
-    a wrong name and a wrong shape are refused with a message naming them."""
+    """Our engine against a served checkpoint holding ``w`` (2, 3): a good chunk is staged;
+    a wrong name or shape, a block not named with the session's prefix, one of another size
+    than declared and one others may read are refused with a message naming them."""
+    import os
     from multiprocessing import shared_memory
+
+    from atroposlib.inference.weight_transfer import new_shm_prefix
 
     engine = WeightTransferEngineFactory.create_engine(
         WeightTransferConfig(backend="shm"), vllm_config, torch.device("cpu"), torch.nn.Linear(2, 2)
     )
-    engine.init_transfer_engine(engine.parse_init_info({}))
-    block = shared_memory.SharedMemory(create=True, size=64)
+    prefix = new_shm_prefix()
+    engine.init_transfer_engine(engine.parse_init_info({"shm_prefix": prefix}))
+    block = shared_memory.SharedMemory(name=f"{prefix}probe", create=True, size=64)
+    foreign = shared_memory.SharedMemory(create=True, size=64)
     out = {}
     try:
-        for case, name, shape in (
-            ("good", "w", [2, 3]),
-            ("name", "v", [2, 3]),
-            ("shape", "w", [3, 2]),
+        for case, name, shape, changes in (
+            ("good", "w", [2, 3], {}),
+            ("name", "v", [2, 3], {}),
+            ("shape", "w", [3, 2], {}),
+            ("foreign", "w", [2, 3], {"shm_name": foreign.name}),
+            ("size", "w", [2, 3], {"shm_bytes": 32}),
+            ("mode", "w", [2, 3], {}),
         ):
             engine.start_weight_update()
             block.buf[:24] = torch.arange(6, dtype=torch.float32).numpy().tobytes()
+            if case == "mode":
+                os.fchmod(block._fd, 0o644)
             info = {
                 "names": [name],
                 "dtype_names": ["float32"],
                 "shapes": [shape],
                 "shm_name": block.name,
+                "shm_bytes": block.size,
+                **changes,
             }
             try:
                 engine.update_weights(info)
@@ -132,8 +145,9 @@ def shm_checks(vllm_config: Any) -> dict[str, str]:
             except Exception as error:
                 out[case] = said(error)
     finally:
-        block.close()
-        block.unlink()
+        for opened in (block, foreign):
+            opened.close()
+            opened.unlink()
     return out
 
 
