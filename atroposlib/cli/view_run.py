@@ -3,7 +3,9 @@
     view-run --api-url http://localhost:8000 --tokenizer MODEL     # the broker's recent groups
     view-run --input groups.jsonl --tokenizer MODEL                # env ``process`` dumps
 
-Serves on 127.0.0.1 only (reach it from elsewhere with an SSH tunnel); no share link.
+Serves on 127.0.0.1 only (reach it from elsewhere with an SSH tunnel); no share link. Pages of
+other sites (cross-site requests, DNS rebinding) are refused; with ``--viewer-key`` the page
+asks for the key first, so other users of the machine cannot read the groups either.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import logging
 import os
 from collections.abc import Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from atroposlib.export.text import Decoder
 from atroposlib.protocol import INT32_MAX
+from atroposlib.security.keys import non_empty_key
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 from atroposlib.utils.cli_settings import BrokerClientSettings
 
@@ -49,6 +52,17 @@ class ViewRunSettings(BrokerClientSettings):
         "viewer shows token ids.",
     )
     port: int = Field(default=7860, ge=0, le=65535, description="Port on 127.0.0.1 to serve on.")
+    viewer_key: str | None = Field(
+        default=None,
+        description="When set, the page asks for it (any user name, this key as password) "
+        "before showing anything; this viewer's own key, not read from ATROPOS_API_KEY (that "
+        "is --api-key, the broker's). Without it anyone on this machine can read the groups.",
+    )
+
+    @field_validator("viewer_key")
+    @classmethod
+    def _viewer_key_not_empty(cls, value: str | None) -> str | None:
+        return non_empty_key(value, "viewer_key", "ATROPOS_VIEW_VIEWER_KEY")
 
 
 def _decoder(name: str | None) -> Decoder | None:
@@ -88,7 +102,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         load = broker_loader(settings.api_url, settings.api_key, settings.limit)
         source = f"broker {settings.api_url}"
     print(f"view-run: serving {source} on http://{LOCALHOST}:{settings.port}", flush=True)
-    launch(build_app(load, decoder, source), settings.port)
+    if settings.viewer_key is None:
+        print(
+            "view-run: no --viewer-key: any user of this machine can read the groups "
+            "(other sites' pages are refused)",
+            flush=True,
+        )
+    launch(build_app(load, decoder, source), settings.port, key=settings.viewer_key)
 
 
 if __name__ == "__main__":

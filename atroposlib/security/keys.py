@@ -39,8 +39,9 @@ def bearer_header_ok(header: str, api_key: str) -> bool:
     return secrets.compare_digest(wire, api_key.encode())
 
 
-def non_empty_key(value: str | None, field: str) -> str | None:
-    """``value`` unless it is empty or blank: that is a start-up error naming the fix.
+def non_empty_key(value: str | None, field: str, variable: str = KEY_VARIABLE) -> str | None:
+    """``value`` unless it is empty or blank: a start-up error naming the fix (and ``variable``,
+    the environment variable the key usually comes from).
 
     >>> non_empty_key(None, "api_key") is None, non_empty_key("k", "api_key")
     (True, 'k')
@@ -51,7 +52,7 @@ def non_empty_key(value: str | None, field: str) -> str | None:
     """
     if value is not None and not value.strip():
         raise ValueError(
-            f"{field} is set but empty (ATROPOS_API_KEY= from a failed $(cat ...)?); an empty "
+            f"{field} is set but empty ({variable}= from a failed $(cat ...)?); an empty "
             f"key would open the server to anyone: set a real key or unset the variable"
         )
     return value

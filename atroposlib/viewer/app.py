@@ -1,20 +1,28 @@
 """The ``view-run`` Gradio app: pick a group, read its prompt and coloured completions.
 
 Built from a loader (broker or files) and a decoder; nothing global. :func:`launch` binds
-127.0.0.1 only and never creates a public share link.
+127.0.0.1 only, never creates a public share link, mounts the browser guard of every server of
+ours (a DNS-rebinding or cross-site page gets 403) and, given a key, asks for it on a login
+page (a browser cannot send a bearer header, so the key is the password and the session a
+cookie). Gradio adds its own CORS and compression layers outside the guard: a CORS preflight
+(``OPTIONS``) is answered there, with no data, before the guard sees it.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
 import httpx
 from pydantic import ValidationError
+from starlette.middleware import Middleware
 
 from atroposlib.export.groups import GroupFileError
 from atroposlib.export.text import Decoder
+from atroposlib.security import AccessSettings, BrowserGuard, BrowserGuardMiddleware
 from atroposlib.viewer.data import GroupLoader, env_ids, filter_groups
 from atroposlib.viewer.tokens import COLOUR_MODES, VIEW_CSS, ColourBy, group_label, render_group
 
@@ -22,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 ALL_ENVS = "all"
 LOCALHOST = "127.0.0.1"
+LOGIN_MESSAGE = "Any user name; the password is the viewer key (--viewer-key)."
 _EMPTY = '<div class="atv-note">no group matches the filters</div>'
 
 
@@ -86,8 +95,30 @@ def build_app(load: GroupLoader, decoder: Decoder | None, source: str) -> gr.Blo
     return app
 
 
-def launch(app: gr.Blocks, port: int, *, block: bool = True) -> None:
-    """Serve on 127.0.0.1:``port``; no share link, no analytics, no server-side rendering."""
+def key_check(key: str) -> Callable[[str, str], bool]:
+    """Gradio's login check: the password is ``key`` (compared in constant time), any user name.
+
+    >>> check = key_check("s3cret")
+    >>> check("me", "s3cret"), check("atropos", "s3cret "), check("me", "")
+    (True, False, False)
+    """
+    expected = key.encode()
+
+    def check(_user: str, password: str) -> bool:
+        return secrets.compare_digest(password.encode(), expected)
+
+    return check
+
+
+def guard_middleware() -> Middleware:
+    """The browser guard of a loopback server without a bearer key: the viewer's session is a
+    cookie a browser sends on any site's behalf, so the guard stays on with a key too."""
+    return Middleware(BrowserGuardMiddleware, guard=BrowserGuard(AccessSettings(host=LOCALHOST)))
+
+
+def launch(app: gr.Blocks, port: int, *, block: bool = True, key: str | None = None) -> None:
+    """Serve on 127.0.0.1:``port`` behind the browser guard, asking for ``key`` when given; no
+    share link, no analytics, no server-side rendering."""
     app.launch(
         server_name=LOCALHOST,
         server_port=port,
@@ -97,4 +128,7 @@ def launch(app: gr.Blocks, port: int, *, block: bool = True) -> None:
         quiet=True,
         css=VIEW_CSS,
         theme=gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"]),
+        auth=None if key is None else key_check(key),
+        auth_message=LOGIN_MESSAGE,
+        app_kwargs={"middleware": [guard_middleware()]},
     )
