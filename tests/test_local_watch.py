@@ -269,3 +269,24 @@ def test_a_dropped_groups_warning_is_raised_once_while_its_share_moves(tmp_path:
     assert shown[-1] == [raised[0]["warning"]]  # kept as raised, not re-worded per group
     assert cleared == []
     assert len(watch.warnings_raised) == 2
+
+
+def test_an_evaluation_of_the_final_weights_during_training_is_the_one_after(
+    tmp_path: Path,
+) -> None:
+    layout = RunLayout(tmp_path, "base-model", 1, 2)
+    http = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    with Supervisor(tmp_path, http=http) as supervisor:
+        watch = RunWatch(LocalRunSettings(), layout, supervisor, StatusPoller(layout, http))
+        write_eval(layout.eval_dir("before"), 0.10)
+        watch.record(layout.eval_dir("before"), 0, 0)
+        assert not watch.reuse_for_after(0)  # the base model is no evaluation after training
+        write_eval(layout.eval_dir("step6"), 0.30)
+        push_weights(layout, 6)
+        watch.record(layout.eval_dir("step6"), 6, 6)
+        assert not watch.reuse_for_after(7)  # the weights moved on since
+        assert not layout.eval_dir("after").exists()
+        assert watch.reuse_for_after(6)
+    after = json.loads((layout.eval_dir("after") / "metrics.json").read_text())
+    assert after["results"]["all"]["eval/strict"] == 0.30
+    assert [s.step for s in watch.snapshots] == [0, 6]  # not counted twice

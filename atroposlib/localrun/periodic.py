@@ -112,6 +112,20 @@ class RunWatch:
         """The trainer is done: start no more evaluations (the one running may end)."""
         self.training = False
 
+    def reuse_for_after(self, weight_version: int | None) -> bool:
+        """Copy the last evaluation during training to ``eval_after/`` when it graded these
+        final weights (versions only grow: nothing changed while it ran), instead of a second
+        pass over the same weights."""
+        last = self.snapshots[-1] if self.snapshots else None
+        if weight_version is None or last is None or last.step == 0:
+            return False
+        if last.weight_version != weight_version:
+            return False
+        shutil.copytree(self.layout.eval_dir(f"step{last.step}"), self.layout.eval_dir("after"))
+        logger.info("the evaluation at step %d graded the final weights: it is the one after "
+                    "training", last.step)  # fmt: skip
+        return True
+
     def record(self, folder: Path, step: int, weight_version: int | None) -> Snapshot | None:
         """Add the evaluation in ``folder`` (before/after training) as a snapshot."""
         weights = self._link_served(weight_version, f".held-out-{folder.name}")
