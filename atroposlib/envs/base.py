@@ -193,12 +193,14 @@ class BaseEnv(ABC):
     ) -> TokenSampler:
         """Token-in/token-out sampling on this env's servers (see ``atroposlib.envs.rollouts``).
 
-        Defaults: the config's ``max_completion_tokens`` and ``temperature`` (else 1.0).
+        Defaults: the config's ``max_completion_tokens`` (a config without one: replies fill
+        the room ``max_token_length`` leaves after the prompt) and ``temperature`` (else 1.0).
         """
         if max_tokens is None:
             max_tokens = getattr(self.config, "max_completion_tokens", None)
         if max_tokens is None:
-            raise ValueError("pass max_tokens (the config has no max_completion_tokens)")
+            max_tokens = self.config.max_token_length
+            sampling.setdefault("max_token_length", self.config.max_token_length)
         if temperature is None:
             temperature = float(getattr(self.config, "temperature", 1.0))
         return TokenSampler(

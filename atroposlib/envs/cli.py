@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from atroposlib.envs.atropos_output import write_evaluate_config
+from atroposlib.envs.cli_help import EnvHelp, command_description
 from atroposlib.envs.modes import MODES
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
@@ -50,10 +51,20 @@ def parse_settings(
     env_cls: type[ServedEnv], command: str, argv: list[str], environ: dict[str, str] | None = None
 ) -> EnvCliSettings:
     defaults = env_cls.config_init()
-    model = settings_model(type(defaults[0]), command, teacher=_has_teacher(env_cls))
-    command_defaults = MODES[command].defaults(env_cls)
+    wants_help = "-h" in argv or "--help" in argv
+    model = settings_model(
+        type(defaults[0]),
+        command,
+        teacher=_has_teacher(env_cls),
+        description=command_description(env_cls, command) if wants_help else None,
+    )
+    mode = MODES[command]
+    cli_options = EnvHelp.for_command(env_cls, command).cli_options() if wants_help else None
     try:
-        return resolve_settings(model, argv, defaults, command_defaults, environ)
+        return resolve_settings(
+            model, argv, defaults, mode.defaults(env_cls), environ,
+            replaces=mode.replaces_config_init, cli_options=cli_options,
+        )  # fmt: skip
     except SettingsError as exc:
         _fail(describe(exc, _env_flag))
     except ValidationError as exc:

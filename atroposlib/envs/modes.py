@@ -306,11 +306,17 @@ async def evaluate(env: ServedEnv) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Mode:
     """One command of an env's CLI: what ``--help`` says, what it runs, and the settings it
-    changes from the env's defaults (the CLI, env vars and YAML still override them)."""
+    changes from the env's defaults (the CLI, env vars and YAML still override them).
+
+    A default replaces a value ``config_init()`` left at the field's default; those named in
+    ``replaces_config_init`` replace ``config_init()``'s value too (``process`` writes 2 groups,
+    as in Atropos, whatever training length ``config_init()`` sets in ``total_steps``).
+    """
 
     summary: str
     run: Callable[[ServedEnv], Coroutine[Any, Any, Any]]
     defaults: Callable[[type[ServedEnv]], dict[str, Any]]
+    replaces_config_init: frozenset[str] = frozenset()
 
 
 MODES: dict[str, Mode] = {
@@ -325,6 +331,7 @@ MODES: dict[str, Mode] = {
             "use_wandb": True,
             "data_path_to_save_groups": f"data/{_env_name(cls)}.jsonl",
         },
+        frozenset({"total_steps", "use_wandb"}),
     ),
     "evaluate": Mode(
         "run evaluate() once: metrics.json, samples.jsonl, a table",
@@ -333,6 +340,7 @@ MODES: dict[str, Mode] = {
             "use_wandb": True,
             "data_dir_to_save_evals": f"eval_results/{_env_name(cls)}",
         },
+        frozenset({"use_wandb"}),
     ),
 }
 """The commands of ``python my_env.py <command>``, declared once."""

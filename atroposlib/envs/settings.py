@@ -11,6 +11,7 @@ flags and variables for ``openai`` then apply to every server in the list.
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -49,9 +50,13 @@ class EnvCliSettings(LayeredSettings):
 
 
 def settings_model(
-    env_config_cls: type[BaseEnvConfig], command: str, teacher: bool = False
+    env_config_cls: type[BaseEnvConfig],
+    command: str,
+    teacher: bool = False,
+    description: str | None = None,
 ) -> type[EnvCliSettings]:
-    """The command's settings; ``teacher`` adds ``--teacher.<field>`` (distillation envs)."""
+    """The command's settings; ``teacher`` adds ``--teacher.<field>`` (distillation envs),
+    ``description`` opens its ``--help``."""
     fields: dict[str, Any] = {
         "env": (env_config_cls, Field(default_factory=env_config_cls, description="Env settings."))
     }
@@ -60,7 +65,9 @@ def settings_model(
             APIServerConfig | None,
             Field(default=None, description="Teacher inference server (distillation)."),
         )
-    return create_model(f"{command.capitalize()}Settings", __base__=EnvCliSettings, **fields)
+    return create_model(
+        f"{command.capitalize()}Settings", __base__=EnvCliSettings, __doc__=description, **fields
+    )
 
 
 def _dump_servers(servers: ServerBaseline | list[APIServerConfig]) -> Any:
@@ -136,20 +143,36 @@ def normalize_bool_flags(argv: list[str], flags: set[str]) -> list[str]:
     return out
 
 
+def command_env_values(
+    env_config: BaseEnvConfig, command_defaults: dict[str, Any], replaces: Collection[str] = ()
+) -> tuple[dict[str, Any], set[str]]:
+    """``config_init()``'s env values under the command's defaults, and the keys those set: a
+    command default replaces a value ``config_init()`` left at its field default, or any value
+    when its key is in ``replaces``."""
+    values: dict[str, Any] = env_config.model_dump()
+    taken = {
+        key for key in command_defaults if key not in env_config.model_fields_set or key in replaces
+    }
+    values.update({key: command_defaults[key] for key in taken})
+    return values, taken
+
+
 def resolve_settings(
     model: type[EnvCliSettings],
     argv: list[str],
     defaults: tuple[BaseEnvConfig, ServerBaseline | list[APIServerConfig]],
     command_defaults: dict[str, Any],
     environ: dict[str, str] | None = None,
+    replaces: Collection[str] = (),
+    cli_options: dict[str, Any] | None = None,
 ) -> EnvCliSettings:
-    """Merge the four sources and validate once (pydantic raises on any bad value)."""
+    """Merge the four sources and validate once (pydantic raises on any bad value).
+    ``cli_options`` go to the command-line source (``--help``'s rendering)."""
     cli = settings_cli_source(
         model,
         normalize_bool_flags(argv, bool_flags(model)),
         f"{Path(sys.argv[0]).name} {model.__name__[:-8].lower()}",
-        cli_implicit_flags=True,
-        cli_hide_none_type=False,
+        **{"cli_implicit_flags": True, "cli_hide_none_type": False, **(cli_options or {})},
     )()
     env_source = EnvSettingsSource(
         model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
@@ -165,10 +188,7 @@ def resolve_settings(
 
     env_config, servers = defaults
     baseline = servers if isinstance(servers, ServerBaseline) else None
-    merged_env: dict[str, Any] = env_config.model_dump()
-    for key, value in command_defaults.items():
-        if key not in env_config.model_fields_set or key == "use_wandb":
-            merged_env[key] = value
+    merged_env, _ = command_env_values(env_config, command_defaults, replaces)
     openai: Any = _dump_servers(servers)
     flags: dict[str, Any] = {}
     known = set(type(env_config).model_fields)

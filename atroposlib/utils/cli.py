@@ -177,12 +177,22 @@ def one_default(help_text: str) -> str:
     return help_text
 
 
+def without_default(help_text: str) -> str:
+    """``help_text`` without the default pydantic-settings appended.
+
+    >>> without_default("Responses per group. (default: 4)")
+    'Responses per group.'
+    """
+    return _AUTO_DEFAULT.sub("", help_text)
+
+
 def add_argument_one_default(parser: Any, *names: str, **kwargs: Any) -> Any:
     """``parser.add_argument`` with ``one_default`` applied to the help text; a switch
     (``--quiet``) shows no default (it is off unless given), a positional argument is shown by
     its field name (``filepath``)."""
     help_text = kwargs.get("help")
     if isinstance(help_text, str):
+        help_text = help_text.replace("(default factory: <lambda>)", "(default: computed)")
         switch = kwargs.get("action") in ("store_true", "store_false")
         kwargs["help"] = _AUTO_DEFAULT.sub("", help_text) if switch else one_default(help_text)
     if names and not names[0].startswith("-"):
@@ -200,8 +210,7 @@ def settings_cli_source(
         cli_parse_args=None if argv is None else list(argv),
         cli_prog_name=prog,
         cli_exit_on_error=False,
-        add_argument_method=add_argument_one_default,
-        **{"cli_hide_none_type": True, **options},
+        **{"cli_hide_none_type": True, "add_argument_method": add_argument_one_default, **options},
     )
 
 

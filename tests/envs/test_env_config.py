@@ -92,6 +92,9 @@ def test_a_yaml_list_of_servers_with_a_flag_applied_to_each(tmp_path: Path) -> N
 def test_process_defaults_sit_between_config_init_and_user_sources(tmp_path: Path) -> None:
     settings = parse_settings(AdditionEnv, "process", ["--env.total_steps", "7"], environ={})
     assert settings.env.total_steps == 7
+    plain = parse_settings(AdditionEnv, "process", [], environ={})
+    assert plain.env.total_steps == 2, "as in Atropos: 2 groups, whatever config_init's run length"
+    assert parse_settings(AdditionEnv, "serve", [], environ={}).env.total_steps == 5
     assert settings.env.data_path_to_save_groups == "data/addition.jsonl"
     assert settings.env.use_wandb is True and settings.env.include_messages is True
     quiet = parse_settings(AdditionEnv, "process", ["--env.use_wandb", "false"], environ={})

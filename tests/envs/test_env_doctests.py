@@ -35,6 +35,7 @@ MODULES = [
     "atroposlib.envs.server_handling.slurm",
     "atroposlib.envs.server_handling.sglang_server",
     "atroposlib.envs.settings",
+    "atroposlib.envs.cli_help",
     "atroposlib.utils.advantages",
     "atroposlib.utils.bounded_json",
     "atroposlib.security.keys",

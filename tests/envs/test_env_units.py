@@ -295,3 +295,12 @@ async def test_testing_mode_needs_no_inference_server(tmp_path: Path) -> None:
     groups = await modes.process(env)
     assert len(groups) == 2 and out.exists() and out.with_suffix(".html").exists()
     assert groups[0]["messages"][0][-1]["content"] == "test response 0"
+
+
+def test_token_sampler_defaults_work_on_a_plain_base_config() -> None:
+    env = make_env(max_token_length=64)
+    env.tokenizer = CharTokenizer()
+    sampler = env.token_sampler()
+    assert (sampler.max_tokens, sampler.max_token_length, sampler.temperature) == (64, 64, 1.0)
+    capped = env.token_sampler(max_tokens=8, temperature=0.5)
+    assert (capped.max_tokens, capped.max_token_length, capped.temperature) == (8, None, 0.5)
