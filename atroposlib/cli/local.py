@@ -166,8 +166,9 @@ def _run(
         status.phase = "held-out eval during training: finishing"
         _follow(supervisor, watch.pending.name, poller, display, watch.tick)
     watch.tick()
-    final_version = poller.poll(fresh_weights=True).weight_version
-    if settings.eval_size and not watch.reuse_for_after(final_version):
+    if settings.eval_size and not watch.reuse_for_after(
+        poller.poll(fresh_weights=True).weight_version
+    ):
         _evaluate(settings, layout, watch, display, "after")
     status.phase = "done"
     display.update(poller.poll(fresh_weights=True))

@@ -226,25 +226,18 @@ class RunWatch:
         """Each kind of warning is raised (logged, recorded) when it starts and kept as raised
         while it holds: the dropped share moves with every group, which is no news. A new
         held-out snapshot that still warns is news."""
+        dropped = failing_groups(self.groups.read())
         fresh = {
-            kind: text
-            for kind, text in (
-                ("held_out", accuracy_warning(self.snapshots, self.settings.eval_drop_warning)),
-                (
-                    "dropped_groups",
-                    dropped_groups_warning(
-                        failing_groups(self.groups.read()), self.settings.dropped_groups_warning
-                    ),
-                ),
-            )
-            if text is not None
+            "held_out": accuracy_warning(self.snapshots, self.settings.eval_drop_warning),
+            "dropped_groups": dropped_groups_warning(dropped, self.settings.dropped_groups_warning),
         }
         for kind, text in fresh.items():
-            if kind not in self._active or (kind == "held_out" and self._active[kind] != text):
+            if text is None:
+                self._active.pop(kind, None)
+            elif kind not in self._active or (kind == "held_out" and self._active[kind] != text):
                 self._active[kind] = text
                 self.warnings_raised.append({"step": step, "warning": text})
                 logger.warning("step %d: %s", step, text)
-        self._active = {kind: self._active[kind] for kind in fresh}
         self.poller.status.warnings = list(self._active.values())
 
 
