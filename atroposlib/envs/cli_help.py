@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, SecretStr
 
+from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.modes import MODES
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.envs.settings import command_env_values
@@ -83,9 +84,11 @@ def _leaves(model: BaseModel, default: Any, prefix: str) -> Iterator[tuple[str, 
             yield flag, value, base is _MISSING or value != base
 
 
-def env_defaults(env_cls: type[ServedEnv], command: str) -> dict[str, Default]:
-    """``--env.<field>`` -> the value ``command`` runs with when the flag is not given."""
-    env_config, _ = env_cls.config_init()
+def env_defaults(
+    env_cls: type[ServedEnv], env_config: BaseEnvConfig, command: str
+) -> dict[str, Default]:
+    """``--env.<field>`` -> the value ``command`` runs with when the flag is not given
+    (``env_config``: ``config_init()``'s)."""
     mode = MODES[command]
     command_values = mode.defaults(env_cls)
     _, from_command = command_env_values(env_config, command_values, mode.replaces_config_init)
@@ -104,10 +107,10 @@ def _server_list(servers: Any) -> list[BaseModel]:
     return [s for s in servers or [] if isinstance(s, BaseModel)]
 
 
-def openai_defaults(env_cls: type[ServedEnv]) -> dict[str, Default]:
-    """``--openai.<field>`` -> the value of ``config_init()``'s servers (one per server when
-    they differ)."""
-    servers = _server_list(env_cls.config_init()[1])
+def openai_defaults(env_cls: type[ServedEnv], configured: Any) -> dict[str, Default]:
+    """``--openai.<field>`` -> the value of ``config_init()``'s servers (``configured``; one per
+    server when they differ)."""
+    servers = _server_list(configured)
     origin = f"from {env_cls.__name__}.config_init"
     values: dict[str, list[str]] = {}
     changed: set[str] = set()
@@ -123,9 +126,9 @@ def openai_defaults(env_cls: type[ServedEnv]) -> dict[str, Default]:
     return defaults
 
 
-def servers_note(env_cls: type[ServedEnv]) -> str:
-    """The ``openai`` group's line on what runs when no ``--openai.*`` flag is given."""
-    servers = env_cls.config_init()[1]
+def servers_note(env_cls: type[ServedEnv], servers: Any) -> str:
+    """The ``openai`` group's line on what runs when no ``--openai.*`` flag is given
+    (``servers``: ``config_init()``'s)."""
     origin = f"{env_cls.__name__}.config_init"
     if isinstance(servers, ServerBaseline):
         return f"Unless given: servers found by --slurm, with the settings of {origin}."
@@ -143,8 +146,12 @@ class EnvHelp:
 
     @classmethod
     def for_command(cls, env_cls: type[ServedEnv], command: str) -> EnvHelp:
-        defaults = {**env_defaults(env_cls, command), **openai_defaults(env_cls)}
-        return cls(defaults, {"openai options": servers_note(env_cls)})
+        env_config, servers = env_cls.config_init()
+        defaults = {
+            **env_defaults(env_cls, env_config, command),
+            **openai_defaults(env_cls, servers),
+        }
+        return cls(defaults, {"openai options": servers_note(env_cls, servers)})
 
     def cli_options(self) -> dict[str, Any]:
         return {"add_argument_method": self.add_argument, "add_argument_group_method": self.group}
