@@ -227,6 +227,7 @@ def test_wandb_without_an_api_key_warns_and_logs_nothing(
 ) -> None:
     """``process`` turns use_wandb on as Atropos did; with no key it still runs, saying how."""
     import wandb
+
     from atroposlib.envs.tracking import NullTracker, make_tracker
 
     wandb.teardown()  # settings read by an earlier test (WANDB_MODE=offline) are forgotten
