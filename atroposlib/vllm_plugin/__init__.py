@@ -13,7 +13,8 @@ worker copies it out. Serve with ``--weight-transfer-config '{"backend": "shm"}'
 venv so the entry point is found; importing this module needs only vLLM and torch. Beside it,
 :mod:`atroposlib.vllm_plugin.guard` is the middleware (``--middleware``) that puts our bearer
 key on every route of a vLLM we start (it needs starlette, pydantic-settings and orjson, which
-vLLM's venv has).
+vLLM's venv has). :mod:`atroposlib.vllm_plugin.cpu_reload` mends vLLM's in-place reload on
+CPU, where a tied LM head kept computing with the first weights it was served.
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ ENGINES = {"shm": ("atroposlib.vllm_plugin.shm_engine", "SharedMemoryWeightTrans
 
 
 def register() -> None:
-    """Add our engines to vLLM's weight-transfer registry (idempotent: vLLM loads general
-    plugins once in every process it starts)."""
+    """Add our engines to vLLM's weight-transfer registry, and make its in-place reload re-pack
+    the CPU GEMMs it leaves stale (idempotent: vLLM loads general plugins once in every process
+    it starts)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from atroposlib.vllm_plugin.cpu_reload import patch_inplace_reload
+
+    patch_inplace_reload()
 
     for name, (module, cls) in ENGINES.items():
         try:

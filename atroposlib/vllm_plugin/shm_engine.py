@@ -5,7 +5,8 @@ copied out of the trainer's block, checked against the served checkpoint's tenso
 shapes (a wrong name or shape is refused with a message naming it, and the served weights stay
 as they were), and kept in the served dtype; ``finish_weight_update`` loads the staged tensors
 with vLLM's layerwise reload (Hugging Face names in, vLLM's fused layout out), the same path
-its ``reload_weights`` takes from disk. Runs in vLLM's worker processes; imports vLLM.
+its ``reload_weights`` takes from disk, then re-packs the CPU GEMMs that reload leaves stale
+(:mod:`atroposlib.vllm_plugin.cpu_reload`). Runs in vLLM's worker processes; imports vLLM.
 
 A chunk's block is opened on the embedded server's terms (:class:`BlockClaim`): its name starts
 with the random ``shm_prefix`` the trainer gave ``/init_weight_transfer_engine`` (vLLM answers
@@ -117,17 +118,16 @@ class SharedMemoryWeightTransferEngine(
         self._staged.update(chunk)
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,
-            initialize_layerwise_reload,
-        )
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        from atroposlib.vllm_plugin.cpu_reload import finish_reload
 
         staged, self._staged = self._staged, {}
         if not staged:
             raise TransferError("update_info", "the update sent no tensors")
         initialize_layerwise_reload(self.model)
         self.model.load_weights(iter(staged.items()))
-        finalize_layerwise_reload(self.model, self.model_config)
+        finish_reload(self.model, self.model_config)  # re-packs a tied LM head on CPU
         logger.info("installed %d tensors from shared memory", len(staged))
 
     def shutdown(self) -> None:

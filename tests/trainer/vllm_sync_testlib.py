@@ -208,6 +208,39 @@ def hold_mid_generation(
     raise AssertionError(f"{running} requests never ran together (last seen: {running_now})")
 
 
+def served_logprobs(url: str, model: str, prompt: list[int], reply: list[int]) -> np.ndarray:
+    """Each reply token's logprob as vLLM's current weights score it, teacher-forced."""
+    body = {"model": model, "prompt": prompt + reply, "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": 1, "cache_salt": uuid.uuid4().hex}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+    answer.raise_for_status()
+    positions = answer.json()["choices"][0]["prompt_logprobs"][len(prompt) :]
+    scored = []
+    for token, ranked in zip(reply, positions, strict=True):
+        entry = ranked[str(token)]
+        scored.append(float(entry["logprob"] if isinstance(entry, dict) else entry))
+    return np.asarray(scored)
+
+
+def scoring_gap(url: str, served_model: str, model: nn.Module) -> float:
+    """How far (nats, the largest over 16 tokens) vLLM's scores of its own greedy answer are
+    from ``model``'s: ~1e-4 when vLLM serves exactly ``model`` in fp32. Stricter than comparing
+    greedy answers, which a half-installed model (a stale LM head, say) can still match."""
+    answer = greedy(url, served_model)
+    scored = served_logprobs(url, served_model, PROMPT_IDS, answer)
+    return float(np.abs(scored - hand_logprobs(model, PROMPT_IDS, answer)).max())
+
+
+def greedy_margins(model: nn.Module, prompt: list[int], reply: list[int]) -> np.ndarray:
+    """At each reply position, how far (nats) the reply's token is below ``model``'s best:
+    all zeros when the reply is ``model``'s greedy answer, near zero at a near-tie."""
+    ids = torch.tensor([prompt + reply])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)[len(prompt) - 1 :]
+    picked = logp.gather(1, ids[0, len(prompt) :, None])[:, 0]
+    return (logp.max(dim=-1).values - picked).numpy()
+
+
 def hand_logprobs(model: nn.Module, prompt: list[int], reply: list[int]) -> np.ndarray:
     """Each reply token's logprob under ``model`` (fp32), given the prompt and the reply so far."""
     ids = torch.tensor([prompt + reply])
