@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,12 @@ import httpx
 import psutil
 import pytest
 
+from atroposlib.cli.view_run import parse_settings as parse_view_run
 from atroposlib.localrun import report
 from atroposlib.localrun.components import RunLayout, free_port
 from atroposlib.localrun.panel import LivePanel, PlainLines, RunStatus, StatusPoller, render
+from tests.docs.doc_commands import REPO as REPO_ROOT
+from tests.docs.doc_commands import doc_command
 
 
 @pytest.mark.slow
@@ -21,8 +25,9 @@ def test_short_local_run_trains_syncs_weights_and_cleans_up(
     tmp_path: Path, test_model_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     run_dir = tmp_path / "run"
+    demo = doc_command("README.md", "scripts/demo")  # the README's first command, shorter
     result = subprocess.run(
-        [sys.executable, "-m", "atroposlib.cli.local", "--run-dir", str(run_dir),
+        [str(REPO_ROOT / demo.argv[0]), "--run-dir", str(run_dir),
          "--model", str(test_model_path), "--steps", "2", "--batch-size", "8",
          "--group-size", "4", "--eval-size", "4", "--progress-interval-s", "5",
          "--behavior-logprobs", "inference",
@@ -58,6 +63,11 @@ def test_short_local_run_trains_syncs_weights_and_cleans_up(
     ]
     assert [p.name for p in (run_dir / "checkpoints" / "weights").iterdir()] == ["step-2"]
     assert 0 < summary["disk_bytes"] <= report.disk_usage(run_dir) < 1.5e9
+    # the README's next command opens this run in the viewer: it names the files just written
+    view = doc_command("README.md", ".venv/bin/view-run").text.replace(
+        "runs/local-<date>-<time>", str(run_dir)
+    )
+    assert parse_view_run(shlex.split(view)[1:]).input == [str(run_dir / "rollouts.jsonl")]
     held_out = summary["held_out_eval"]
     assert held_out["problems"] == 4
     assert held_out["overlap_with_training_pool"] == 0

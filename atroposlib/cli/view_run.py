@@ -78,13 +78,17 @@ def _decoder(name: str | None) -> Decoder | None:
     return tokenizer
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = parse_command_line(
+def parse_settings(argv: Sequence[str] | None = None) -> ViewRunSettings:
+    return parse_command_line(
         ViewRunSettings,
         argv,
         PROG,
         description="Browse scored groups from a broker or JSONL dumps.",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(argv)
     logging.basicConfig(level=logging.WARNING, format="view-run: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     missing = [path for path in settings.input if path != "-" and not os.path.isfile(path)]
