@@ -518,7 +518,7 @@ class GenerateResponse(BaseModel):
 class TokenizeRequest(_Body):
     """``POST /tokenize`` (vLLM's and SGLang's shape): the served tokenizer's ids for a text."""
 
-    model: str | None = Field(default=None, description="A served model name (none: the base).")
+    model: str | None = Field(default=None, description="The served model (ours ignores it).")
     prompt: str
     add_special_tokens: bool = Field(default=True, description="Add BOS etc. as encode() does.")
 

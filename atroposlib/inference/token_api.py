@@ -78,11 +78,9 @@ async def generate(
 
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """``model`` is not checked (as SGLang): every served name shares the base's tokenizer,
+    and envs name the model as they do for ``/generate``, which takes no name."""
     state = server_state(request)
-    if body.model is not None and body.model not in state.model_names:
-        raise bad_request(
-            "model", f"model {body.model!r} is not served here; use one of {state.model_names}", 404
-        )
     encode = state.runner.tokenizer.encode
     ids = await asyncio.to_thread(encode, body.prompt, add_special_tokens=body.add_special_tokens)
     return TokenizeResponse(
