@@ -125,6 +125,27 @@ async def test_an_older_server_without_tokenize_is_a_warning(
     assert warning.levelno == logging.WARNING and "404" in warning.getMessage()
 
 
+@pytest.mark.model
+async def test_the_embedded_server_behind_its_key(
+    test_model_path: Path, smol_tokenizer: Any, other_tokenizer: Path
+) -> None:
+    """Our own server, keyed: the env's key reaches /tokenize, and the ids are compared."""
+    from transformers import AutoTokenizer
+
+    from atroposlib.inference import InferenceSettings, create_app
+
+    app = create_app(InferenceSettings(model=str(test_model_path), api_key="k3y", threads=1))
+    with uvicorn_on_loopback(app) as url:
+        config = APIServerConfig(
+            model_name="default", base_url=f"{url}/v1", server_type="embedded", api_key="k3y"
+        )
+        keyed = [backend_for(config)(config)]
+        await check_tokenizer(keyed, lambda: smol_tokenizer, "smol")
+        other = AutoTokenizer.from_pretrained(other_tokenizer)
+        with pytest.raises(ConfigError, match="tokenizer mismatch"):
+            await check_tokenizer(keyed, lambda: other, "word-level")
+
+
 def never_loaded() -> Any:
     raise AssertionError("the tokenizer is loaded only when a server told its ids")
 
