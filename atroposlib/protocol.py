@@ -515,6 +515,22 @@ class GenerateResponse(BaseModel):
     meta_info: GenerateMetaInfo
 
 
+class TokenizeRequest(_Body):
+    """``POST /tokenize`` (vLLM's and SGLang's shape): the served tokenizer's ids for a text."""
+
+    model: str | None = Field(default=None, description="The served model (ours ignores it).")
+    prompt: str
+    add_special_tokens: bool = Field(default=True, description="Add BOS etc. as encode() does.")
+
+
+class TokenizeResponse(BaseModel):
+    """The answer to ``POST /tokenize``; vLLM and SGLang answer these keys too."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
 class UpdateWeightsRequest(_Body):
     """``POST /update_weights_from_disk`` (SGLang's shape): a local transformers folder."""
 

@@ -14,8 +14,10 @@ from pydantic_settings import SettingsError
 from atroposlib.envs.atropos_output import write_evaluate_config
 from atroposlib.envs.cli_help import EnvHelp, command_description
 from atroposlib.envs.modes import MODES
+from atroposlib.envs.server_handling.openai_server import missing_key_reason
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.settings import EnvCliSettings, resolve_settings, settings_model
+from atroposlib.envs.tokenizer_check import SWITCH_OFF, check_tokenizer
 from atroposlib.errors import ConfigError, InferenceEngineDeadError
 from atroposlib.utils.cli import configure_logging, describe, snake_flag
 
@@ -110,6 +112,31 @@ def build_env(env_cls: type[ServedEnv], settings: EnvCliSettings) -> ServedEnv:
     return env_cls(env_config, servers, slurm=settings.slurm, testing=settings.testing)
 
 
+def check_server_keys(settings: EnvCliSettings, servers: Any) -> None:
+    """ConfigError when a hosted server (https, off this machine) would be asked with no key."""
+    if settings.testing or not isinstance(servers, list):
+        return
+    for server in servers:
+        reason = missing_key_reason(server) if isinstance(server, APIServerConfig) else None
+        if reason is not None:
+            raise ConfigError(reason)
+
+
+async def run_mode(env: ServedEnv, command: str) -> Any:
+    """Check the env's tokenizer against its servers, then run the command."""
+    if env.config.check_tokenizer:
+        try:
+            await check_tokenizer(
+                env.server.servers, lambda: env.tokenizer, env.config.tokenizer_name
+            )
+        except ConfigError:
+            await env.server.close()
+            raise
+    else:
+        logger.info("tokenizer not checked against the servers (%s)", SWITCH_OFF)
+    return await MODES[command].run(env)
+
+
 def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -125,11 +152,12 @@ def run_cli(env_cls: type[ServedEnv], argv: list[str] | None = None) -> None:
                               run_servers(env_cls, settings), slurm=settings.slurm,
                               testing=settings.testing)  # fmt: skip
     try:
+        check_server_keys(settings, run_servers(env_cls, settings))
         env = build_env(env_cls, settings)
     except ConfigError as exc:
         _fail(str(exc))
     try:
-        asyncio.run(MODES[command].run(env))
+        asyncio.run(run_mode(env, command))
     except (ConfigError, InferenceEngineDeadError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(1) from None

@@ -60,6 +60,11 @@ class BaseEnvConfig(BaseModel):
         default="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
         description="Hugging Face tokenizer name or local folder.",
     )
+    check_tokenizer: bool = Field(
+        default=True,
+        description="At start-up, refuse to run when tokenizer_name's ids for a probe text "
+        "differ from the served model's (servers of type vllm, sglang, embedded).",
+    )
     use_wandb: bool = Field(default=True, description="Log metrics to Weights & Biases.")
     rollout_server_url: str = Field(
         default="http://localhost:8000", description="URL of the broker (run-api)."

@@ -5,13 +5,15 @@ the YAML file named by ``--config``, then ``config_init()`` (plus the command's 
 ``openai`` may be one server (flags ``--openai.<field>``) or, in YAML, a list of servers;
 flags and variables for ``openai`` then apply to every server in the list.
 ``ATROPOS_API_KEY`` (the broker's own variable) fills ``env.rollout_server_api_key`` unless
-``ATROPOS_ENV__ROLLOUT_SERVER_API_KEY`` or the flag sets it.
+``ATROPOS_ENV__ROLLOUT_SERVER_API_KEY`` or the flag sets it. ``OPENAI_API_KEY`` fills the
+``api_key`` of a server of ``server_type openai`` that no source gave one (as the openai
+client reads it).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +22,7 @@ from pydantic_settings import EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import CliSuppress
 
 from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.server_handling.openai_server import OPENAI_KEY_VARIABLE, with_openai_key
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.errors import ConfigError
 from atroposlib.utils.cli import settings_cli_source
@@ -90,6 +93,12 @@ def _overlay_openai(current: Any, update: Any, baseline: ServerBaseline | None) 
         return [{**server, **update} for server in current]
     base = current if current is not None else (baseline.model_dump() if baseline else {})
     return {**base, **update}
+
+
+def _with_openai_key(openai: Any, key: str | None) -> Any:
+    if isinstance(openai, list):
+        return [with_openai_key(s, key) if isinstance(s, Mapping) else s for s in openai]
+    return with_openai_key(openai, key) if isinstance(openai, Mapping) else openai
 
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -201,6 +210,7 @@ def resolve_settings(
         flags.update({k: layer[k] for k in ("slurm", "testing") if k in layer})
         if "teacher" in model.model_fields and layer.get("teacher") is not None:
             flags["teacher"] = {**(flags.get("teacher") or {}), **layer["teacher"]}
+    openai = _with_openai_key(openai, env_source.env_vars.get(OPENAI_KEY_VARIABLE.lower()))
     values: dict[str, Any] = {"env": merged_env, "config": config_path, **flags}
     if isinstance(openai, list):
         values["servers"] = openai

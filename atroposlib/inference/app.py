@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (OpenAI shapes), ``POST /generate`` (SGLang's token-in,
-token-out shape), ``POST /update_weights_from_disk`` (SGLang's reload shape),
+token-out shape), ``POST /tokenize`` (the served tokenizer's ids, vLLM's and SGLang's shape),
+``POST /update_weights_from_disk`` (SGLang's reload shape),
 ``POST /v1/load_lora_adapter`` (vLLM's shape; merged into the base, see ``inference.lora``)
 and vLLM's weight-update control API (pause/resume, the four transfer phases, version
 read-back, weight checker: :mod:`atroposlib.inference.control_api`). The generation side is

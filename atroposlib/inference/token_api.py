@@ -1,4 +1,5 @@
-"""``POST /generate``: SGLang's token-in, token-out endpoint.
+"""``POST /generate``: SGLang's token-in, token-out endpoint; ``POST /tokenize``: the served
+tokenizer's ids for a text (vLLM's and SGLang's shape; envs check their tokenizer with it).
 
 One prompt with ``n == 1`` answers a single object; a list of prompts or ``n > 1`` answers
 a list, prompt-major (all choices of prompt 0, then prompt 1, ...). ``sampling_params.stop``
@@ -29,6 +30,8 @@ from atroposlib.protocol import (
     GenerateMetaInfo,
     GenerateRequest,
     GenerateResponse,
+    TokenizeRequest,
+    TokenizeResponse,
     WeightVersionSpan,
 )
 
@@ -71,6 +74,18 @@ async def generate(
     if body.return_logprob and body.logprob_start_len >= 0:
         await _add_prompt_logprobs(state.runner, answers, prompts, sp.n, body)
     return answers[0] if single and sp.n == 1 else answers
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """``model`` is not checked (as SGLang): every served name shares the base's tokenizer,
+    and envs name the model as they do for ``/generate``, which takes no name."""
+    state = server_state(request)
+    encode = state.runner.tokenizer.encode
+    ids = await asyncio.to_thread(encode, body.prompt, add_special_tokens=body.add_special_tokens)
+    return TokenizeResponse(
+        tokens=list(ids), count=len(ids), max_model_len=state.runner.context_length
+    )
 
 
 async def _add_prompt_logprobs(

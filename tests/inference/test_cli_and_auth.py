@@ -66,7 +66,9 @@ async def guarded(test_model_path: Path) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.mark.model
 async def test_api_key_guards_everything_but_health(guarded: httpx.AsyncClient) -> None:
     assert (await guarded.get("/health")).status_code == 200
-    for path in ("/v1/models", "/generate", "/update_weights_from_disk", "/v1/completions"):
+    guarded_paths = ("/v1/models", "/generate", "/tokenize", "/update_weights_from_disk",
+                     "/v1/completions")  # fmt: skip
+    for path in guarded_paths:
         method = guarded.get if path == "/v1/models" else guarded.post
         response = await method(path)  # type: ignore[operator]
         assert response.status_code == 401, path
@@ -76,6 +78,28 @@ async def test_api_key_guards_everything_but_health(guarded: httpx.AsyncClient) 
     right = await guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
     assert right.status_code == 200
     assert right.json()["data"][0]["id"].endswith("SmolLM2-135M-Instruct")
+
+
+@pytest.mark.model
+async def test_tokenize_answers_the_served_tokenizers_ids(
+    guarded: httpx.AsyncClient, test_model_path: Path
+) -> None:
+    """vLLM's and SGLang's ``POST /tokenize``: what an env checks its tokenizer against."""
+    from transformers import AutoTokenizer
+
+    from atroposlib.envs.tokenizer_check import PROBE_TEXT
+
+    tokenizer = AutoTokenizer.from_pretrained(test_model_path)
+    key = {"Authorization": "Bearer s3cret"}
+    for special in (False, True):
+        body = {"model": str(test_model_path), "prompt": PROBE_TEXT, "add_special_tokens": special}
+        answer = await guarded.post("/tokenize", json=body, headers=key)
+        assert answer.status_code == 200, answer.text
+        ids = tokenizer.encode(PROBE_TEXT, add_special_tokens=special)
+        assert answer.json() == {"tokens": ids, "count": len(ids), "max_model_len": 8192}
+    # any name: envs name the model as for /generate, which takes none (SGLang ignores it too)
+    other = await guarded.post("/tokenize", json={"model": "default", "prompt": "a"}, headers=key)
+    assert other.status_code == 200 and other.json()["tokens"] == tokenizer.encode("a")
 
 
 def test_device_auto_is_the_gpu_when_torch_sees_one() -> None:

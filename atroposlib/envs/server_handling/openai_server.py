@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -17,26 +18,34 @@ from atroposlib.envs.server_handling.reasoning import (
     split_stop,
 )
 from atroposlib.envs.server_handling.server_baseline import (
+    DEFAULT_OPENAI_URL,
     APIServer,
     APIServerConfig,
     ServerBaseline,
 )
 from atroposlib.errors import ConfigError, InferenceError
+from atroposlib.security import is_loopback
 
 __all__ = [
     "NAMESPACE_SEP",
+    "OPENAI_KEY_VARIABLE",
     "OPENAI_NAMESPACE",
     "APIServerConfig",
     "OpenAIServer",
     "ReasoningConfig",
     "ServerBaseline",
+    "missing_key_reason",
     "openai_chat_completion",
     "openai_completion",
     "request_body",
     "resolve_openai_configs",
+    "with_openai_key",
 ]
 
 ServerConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
+OPENAI_KEY_VARIABLE = "OPENAI_API_KEY"
+"""Where a server of ``server_type openai`` without ``api_key`` finds its key, as the openai
+client does."""
 
 _LOCAL_KWARGS = ("split",)
 
@@ -83,6 +92,30 @@ async def _request(server: APIServer, url: str, body: dict[str, Any], model: Any
         return model.model_validate(data)
     except ValidationError as exc:
         raise InferenceError(f"{url}: unreadable answer: {exc}") from exc
+
+
+def with_openai_key(server: Mapping[str, Any], key: str | None) -> dict[str, Any]:
+    """``server``'s settings with ``api_key`` set to ``key`` (``OPENAI_API_KEY``'s value)
+    when it is of ``server_type openai`` (the default) and no layer gave it a key."""
+    settings = dict(server)
+    if key and settings.get("server_type", "openai") == "openai" and not settings.get("api_key"):
+        settings["api_key"] = key
+    return settings
+
+
+def missing_key_reason(config: APIServerConfig) -> str | None:
+    """Why ``config`` cannot work (a hosted API, https off this machine, with no key), or
+    None."""
+    url = config.base_url or DEFAULT_OPENAI_URL
+    parts = urlsplit(url)
+    if config.server_type != "openai" or config.api_key or parts.scheme != "https":
+        return None
+    if is_loopback(parts.hostname or ""):
+        return None
+    return (
+        f"no API key for the server at {url}: export {OPENAI_KEY_VARIABLE}=<your key> "
+        "or pass --openai.api_key"
+    )
 
 
 class OpenAIServer(APIServer):
