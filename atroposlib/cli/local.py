@@ -201,7 +201,7 @@ def _evaluate(
     display.update(poller.poll())
 
 
-def eval_failure(name: str, code: int, log_tail: str) -> str:
+def eval_failure(name: str, code: int | None, log_tail: str) -> str:
     """Why a held-out evaluation failed; when the env has no ``eval_size`` field, the fix."""
     message = f"{name} exited with code {code}:\n{log_tail}"
     if "unrecognized arguments: --env.eval_size" in log_tail:
