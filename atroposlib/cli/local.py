@@ -194,11 +194,23 @@ def _evaluate(
     code = supervisor.returncode(component.name)
     if code != 0:
         raise ComponentFailedError(
-            f"{component.name} exited with code {code}:\n{supervisor.log_tail(component.name)}"
+            eval_failure(component.name, code, supervisor.log_tail(component.name))
         )
     watch.record(layout.eval_dir(label), step, version)
     poller.status.end_eval(f"held-out eval {label} training: done")
     display.update(poller.poll())
+
+
+def eval_failure(name: str, code: int | None, log_tail: str) -> str:
+    """Why a held-out evaluation failed; when the env has no ``eval_size`` field, the fix."""
+    message = f"{name} exited with code {code}:\n{log_tail}"
+    if "unrecognized arguments: --env.eval_size" in log_tail:
+        message += (
+            "\nthe environment's config has no eval_size field, which --eval-size sets: "
+            "subclass atroposlib.envs.heldout_eval.HeldOutEvalConfig (docs/writing-an-"
+            "environment.md, 'Train your own environment on this machine'), or pass --eval-size 0"
+        )
+    return message
 
 
 def _follow(

@@ -21,6 +21,7 @@ MODULES = [
     "atroposlib.envs.reward_fns.combined_reward",
     "atroposlib.envs.reward_fns.graded",
     "atroposlib.envs.heldout",
+    "atroposlib.envs.heldout_eval",
     "atroposlib.envs.hermes",
     "atroposlib.inference.tool_calls",
     "atroposlib.envs.atropos_output",
