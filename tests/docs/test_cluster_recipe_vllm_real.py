@@ -9,7 +9,10 @@ rather than the hub dataset, with groups of 4 and 48-token answers; the trainer 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +58,25 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float, key: str) -
             pass
         time.sleep(1)
     raise TimeoutError(url)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Each process, and for vLLM its engine and workers (its own process group)."""
+    for proc in reversed(procs):
+        if proc.args[0] == str(vllm_python()):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for proc in procs:
+        if proc.args[0] == str(vllm_python()):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what outlived the TERM
 
 
 @pytest.mark.timeout(2400)
@@ -104,13 +126,7 @@ def test_the_readme_cluster_recipe_runs_on_vllm(tmp_path: Path) -> None:
         served = httpx.get(f"{vllm_url}/weight_info", timeout=30,
                            headers={"Authorization": f"Bearer {key}"})  # fmt: skip
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 2 loss" in done.stderr, done.stderr[-3000:]
     assert (save_dir / "step-2" / "config.json").is_file()
