@@ -308,6 +308,8 @@ def test_vllm_and_sglang_get_the_jobs_key_for_every_route_off_the_command_line(
     if engine == "vllm":  # the middleware guards the dev-mode routes /v1's key leaves open
         assert value_after(server, "-m") == "vllm.entrypoints.openai.api_server"
         assert value_after(server, "--middleware") == "atroposlib.vllm_plugin.guard.VllmGuard"
+        # the routes an in-flight push uses (pause, reload, version), under that middleware
+        assert "VLLM_SERVER_DEV_MODE=1" in server[: server.index("-m")]
     else:  # the launcher turns ATROPOS_API_KEY into SGLang's --api-key inside the process
         assert value_after(server, "-m") == "atroposlib.cli.sglang_keyed"
     assert (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[0] == key
