@@ -157,8 +157,8 @@ def check_rows(rows: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> dic
             "distill_positions_scored": scored_positions}  # fmt: skip
 
 
-def run_env(name: str, hermes: Path, served: Served, tokenizer: Path,
-            work: Path) -> dict[str, Any]:  # fmt: skip
+def run_env(name: str, hermes: Path, served: Served, tokenizer: Path, work: Path,
+            env_args: list[str]) -> dict[str, Any]:  # fmt: skip
     script, extra = ENVS[name]
     folder = work / name
     (folder / "home").mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def run_env(name: str, hermes: Path, served: Served, tokenizer: Path,
                "--env.data_path_to_save_groups", str(out),
                "--openai.base_url", f"{served.url}/v1", "--openai.model_name", served.model_name,
                "--openai.server_type", served.server_type, "--openai.api_key", "x",
-               "--openai.health_check", "false", *extra]  # fmt: skip
+               "--openai.health_check", "false", *extra, *env_args]  # fmt: skip
     before = len(served.sampled())
     started = time.monotonic()
     done = subprocess.run(command, cwd=folder, env=child_env(hermes, folder / "home"),
@@ -289,6 +289,9 @@ hermes-agent (NousResearch) shipped RL environments built on Atropos 0.4.0 up to
   `--tool-call-parser hermes`, answers OpenAI `tool_calls`, as vLLM does; streamed
   (`stream: true`), each call comes whole as a `delta.tool_calls` entry once its block closes,
   text that may begin a call is held back, and the choice finishes with `tool_calls`.
+- **vLLM.** Serve with `--enable-auto-tool-choice --tool-call-parser hermes` (and a
+  `--chat-template` that renders `tools` if the model's does not) and give the env
+  `--openai.server_type vllm`: the managed path asks vLLM's `/v1/completions` for token ids.
 - **What differs.** `evaluate_config.yaml` does not hold API keys; `use_wandb` is on in
   `process` / `evaluate` as in Atropos, but a machine without a wandb key gets a warning and
   no logging instead of a crash. hermes-agent's `test_managed_server_tool_support.py` skips its
@@ -377,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", help="the snapshot's commit, when it is no git checkout")
     parser.add_argument("--engine", choices=["embedded", "vllm"], default="embedded",
                         help="serve with our embedded server or vLLM's CPU build")  # fmt: skip
+    parser.add_argument("--env-arg", action="append", default=[],
+                        help="one more argument for both envs' `process`, e.g. "
+                        "--env-arg=--env.agent_temperature=0 (repeat it)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.model is None:
         from atroposlib.utils.test_model import ensure_test_model
@@ -385,12 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer_folder(args.model, args.work)
     with serving(args.engine, args.model, args.work, child_env(args.hermes, args.work)) as served:
-        envs = [run_env(name, args.hermes, served, tokenizer, args.work) for name in ENVS]
+        envs = [run_env(name, args.hermes, served, tokenizer, args.work, args.env_arg)
+                for name in ENVS]  # fmt: skip
         teacher = probe_teacher_scoring(served, tokenizer)
     commit = args.commit or snapshot_commit(args.hermes)
     results = {"date": datetime.date.today().isoformat(), "engine": args.engine,
                "hermes_agent": str(args.hermes), "hermes_agent_commit": commit,
-               "model": str(args.model), "envs": envs, "teacher_scoring": teacher}  # fmt: skip
+               "model": str(args.model), "env_args": args.env_arg, "envs": envs,
+               "teacher_scoring": teacher}  # fmt: skip
     if args.engine == "embedded":
         results["tests"] = run_tests(args.hermes, args.work)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
