@@ -366,7 +366,13 @@ NOT_RUN = [
     "was scored, as its code does. A model that calls tools (its default, Qwen3-4B, needs the "
     "model hub and a GPU) is not available offline here. The tool-call path on the managed "
     "path is what CI checks with `tests/envs/hermes_style/tool_agent_env.py` (the same calls, "
-    "a chat the test model answers with a call).",
+    "a chat the test model answers with a call). Tried on vLLM's CPU build (2026-11-28, the "
+    "same snapshot, `--engine vllm --env-arg=--env.agent_temperature=0` and "
+    "`--env-arg=--env.system_prompt=...` with a system prompt asking for one terminal call "
+    "and showing its `<tool_call>` block; both are the envs' own config fields, nothing of "
+    "theirs patched): greedy, the model still answered both tasks with a code block and no "
+    "call (2 of 2 sequences token-exact in each env). The envs' config takes no earlier chat "
+    "turns, which is how CI's chat leads this model to a call (it copies past turns).",
 ]
 """What the recorded run could not reach, in words (read with the numbers above)."""
 
