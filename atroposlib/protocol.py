@@ -373,6 +373,9 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="Whole calls, each with its ``index`` in the reply's calls."
+    )
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atropos_names import SourceTree, our_object
 from atropos_own_tests import RESULTS, table
 from hermes_agent_envs import RESULTS as HERMES_RESULTS
+from hermes_agent_envs import RESULTS_VLLM as HERMES_RESULTS_VLLM
 from hermes_agent_envs import section as hermes_section
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +173,8 @@ def render(manifest: dict[str, Any]) -> str:
     if RESULTS.exists():
         lines += ["", *table(json.loads(RESULTS.read_text()))]
     if HERMES_RESULTS.exists():
-        lines += ["", *hermes_section(json.loads(HERMES_RESULTS.read_text()))]
+        on_vllm = HERMES_RESULTS_VLLM.exists() and json.loads(HERMES_RESULTS_VLLM.read_text())
+        lines += ["", *hermes_section(json.loads(HERMES_RESULTS.read_text()), on_vllm or None)]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

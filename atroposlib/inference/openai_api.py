@@ -36,7 +36,7 @@ from atroposlib.inference.streaming import (
     completion_events,
     sse_response,
 )
-from atroposlib.inference.tool_calls import reply_message
+from atroposlib.inference.tool_calls import chosen_format, reply_message
 from atroposlib.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -123,15 +123,15 @@ async def chat_completions(
     check_request_size(state.settings, "messages", [limit], body.n, field)
     params = _params(state, body, top_logprobs=body.top_logprobs or 0)
     todo = sequences([prompt], body.n, params, [limit])
+    calls_format = chosen_format(state.settings.tool_call_parser, body.tools, body.tool_choice)
     if body.stream:
         stream = _streamed(request, state, body, todo, len(prompt), body.logprobs)
-        return sse_response(chat_events(stream))
+        return sse_response(chat_events(stream, calls_format))
     done = await run_job(request, state.scheduler, todo)
     if isinstance(done, Response):
         return done
     state.sample_log.record(done)
-    parser = state.settings.tool_call_parser
-    messages = [reply_message(seq.text, parser, body.tools, body.tool_choice) for seq in done]
+    messages = [reply_message(seq.text, calls_format) for seq in done]
     choices = [
         ChatChoice(
             index=i,

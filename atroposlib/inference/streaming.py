@@ -3,8 +3,9 @@
 Every decode step that adds tokens to a choice sends one chunk for that choice. Its text
 is decoded incrementally, holding back what could still become a stop string or is an
 incomplete UTF-8 character, so the pieces join into exactly the text the same request
-answers without streaming. The stream ends with ``data: [DONE]``; a failure after the
-response has started is sent as a last ``data: {"error": ...}`` event, as OpenAI does.
+answers without streaming (with tools and a parser, ``tool_calls.StreamedCalls`` splits it
+into content and calls). The stream ends with ``data: [DONE]``; a failure after the response
+has started is sent as a last ``data: {"error": ...}`` event, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from atroposlib.inference.openai_format import (
 )
 from atroposlib.inference.serving import cancelled_on_disconnect
 from atroposlib.inference.state import ServerState
+from atroposlib.inference.tool_calls import StreamedCalls, ToolCallFormat
 from atroposlib.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -141,21 +143,32 @@ async def _events(
     yield DONE
 
 
-def chat_events(stream: StreamedRequest) -> AsyncIterator[bytes]:
-    """The chunks of a streamed chat completion (one prompt's ``n`` choices)."""
+def chat_events(
+    stream: StreamedRequest, calls_format: ToolCallFormat | None = None
+) -> AsyncIterator[bytes]:
+    """The chunks of a streamed chat completion (one prompt's ``n`` choices); with a
+    ``calls_format``, each choice's calls parsed out of its text."""
     base = stream.header("chatcmpl")
     pieces = stream.text_pieces()
+    replies = [StreamedCalls(calls_format) if calls_format else None for _ in stream.todo]
 
     def chunk(update: SequenceUpdate) -> ChatCompletionChunk:
         logprobs = None
         if stream.logprobs:
             top = stream.top_logprobs(update)
             logprobs = chat_logprobs(stream.state, update.token_ids, update.logprobs, top)
+        content = pieces[update.index].push(update)
+        calls: list[dict[str, Any]] = []
+        reason = finish_reason(update.finish_reason)
+        reply = replies[update.index]
+        if reply is not None:
+            content, calls = reply.push(content, finished=reason is not None)
+            reason = "tool_calls" if reason is not None and reply.called else reason
         choice = ChatChunkChoice(
             index=update.index,
-            delta=ChatDelta(content=pieces[update.index].push(update)),
+            delta=ChatDelta(content=content, tool_calls=calls or None),
             logprobs=logprobs,
-            finish_reason=finish_reason(update.finish_reason),
+            finish_reason=reason,
             token_ids=update.token_ids,
         )
         return ChatCompletionChunk(**base, choices=[choice])

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from inference_helpers import SERVED_NAME, SERVER_FLAGS, RunningServer, start_server, stop_server
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs" / "hermes_style"))
@@ -74,3 +74,41 @@ def test_tool_choice_none_and_no_tools_leave_the_reply_as_text(parsing: httpx.Cl
         [choice] = chat(parsing, **extra)["choices"]
         assert choice["message"]["tool_calls"] == [] and choice["finish_reason"] != "tool_calls"
         assert "search" in choice["message"]["content"]
+
+
+def streamed_chat(client: httpx.Client, **extra: Any) -> tuple[str, list[dict[str, Any]], str]:
+    """(content, tool_calls, finish_reason) of a streamed chat, joined as the openai client
+    joins chunks: calls by their ``index``."""
+    body = {"model": SERVED_NAME, "messages": few_shot("birds"), "temperature": 0,
+            "max_tokens": 40, "stream": True, **extra}  # fmt: skip
+    content, calls, reason = "", {}, ""
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = ChatCompletionChunk.model_validate_json(line.removeprefix("data: "))
+            [choice] = chunk.choices
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                assert call.index not in calls, "a call is sent whole, once"
+                calls[call.index] = call.model_dump(exclude={"index"}, exclude_none=True)
+            reason = choice.finish_reason or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
+def test_a_streamed_reply_carries_the_same_calls_as_the_whole_one(parsing: httpx.Client) -> None:
+    [whole] = chat(parsing, tools=TOOLS)["choices"]
+    content, calls, reason = streamed_chat(parsing, tools=TOOLS)
+    assert reason == "tool_calls" == whole["finish_reason"]
+    assert content.strip() == (whole["message"]["content"] or "")
+    assert [c["function"] for c in calls] == [c["function"] for c in whole["message"]["tool_calls"]]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+
+
+def test_without_tools_a_streamed_reply_is_its_text(parsing: httpx.Client) -> None:
+    for extra in ({"tools": TOOLS, "tool_choice": "none"}, {}):
+        [whole] = chat(parsing, **extra)["choices"]
+        content, calls, reason = streamed_chat(parsing, **extra)
+        assert (content, calls, reason) == (whole["message"]["content"], [], whole["finish_reason"])
+        assert "search" in content
