@@ -347,7 +347,7 @@ def test_every_shipped_vllm_command_returns_the_logprobs_of_what_it_sampled() ->
         for path in sorted((REPO / "configs").rglob("*.yaml"))
     ]
     sbatch = (REPO / "slurm/atropos.sbatch").read_text()
-    vllm_launch = sbatch[sbatch.index("vllm) INFER_CMD+=") :].split(";;")[0]
+    vllm_launch = sbatch[sbatch.index("vllm) INFER_CMD") :].split(";;")[0]
     launches = [c for c in [*commands, vllm_launch] if "vllm.entrypoints.openai.api_server" in c]
     assert len(launches) >= 2, "the sbatch script's and the gsm8k-1gpu config's"
     for launch in launches:
