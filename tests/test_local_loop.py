@@ -286,3 +286,20 @@ def test_the_reward_curve_is_drawn_and_without_matplotlib_the_run_says_why_inste
     why = report.plot_rewards(rows, missing)
     assert why is not None and "matplotlib is not installed" in why
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(("served", "read"), [(3, 3), ("2", 2), ("default", None), (None, None)])
+def test_the_weight_version_is_a_step_number_whichever_server_answers(
+    tmp_path: Path, served: object, read: int | None
+) -> None:
+    """Our server answers an int, vLLM a label ("2" after two pushes): summary.json's
+    final_weight_version is the same number either way."""
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"weight_version": served})
+        return httpx.Response(200, json={"current_step": 1, "queue_size": 0})
+
+    with httpx.Client(transport=httpx.MockTransport(serve)) as http:
+        status = StatusPoller(RunLayout(tmp_path, "model", 1, 2), http).poll(fresh_weights=True)
+    assert status.weight_version == read and type(status.weight_version) is type(read)

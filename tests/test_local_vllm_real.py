@@ -26,7 +26,7 @@ def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert str(summary["final_weight_version"]) == "2"  # two pushes landed, read back from vLLM
+    assert summary["final_weight_version"] == 2  # two pushes landed, read back from vLLM
     served = (run / "logs" / "inference.log").read_text()
     assert "atroposlib.vllm_plugin.guard.VllmGuard" in served  # vLLM ran behind the guard
     assert "vLLM guard without ATROPOS_API_KEY" not in served  # ... with the run's key

@@ -55,6 +55,23 @@ class RunStatus:
         self.phase, self.eval_folder = phase, None
 
 
+def served_version(label: Any) -> int | None:
+    """The served weight version as a step number: our server answers an int, vLLM a label
+    (``"2"`` after the trainer's second push, ``"default"`` before any); None when it is not
+    a step.
+
+    >>> served_version(3), served_version("2"), served_version("default"), served_version(None)
+    (3, 2, None, None)
+    """
+    if isinstance(label, bool):
+        return None
+    if isinstance(label, int):
+        return label
+    if isinstance(label, str) and label.strip().isdigit():
+        return int(label)
+    return None
+
+
 class StatusPoller:
     """Reads the broker, the inference server, the trainer's metrics and eval progress.
 
@@ -87,7 +104,7 @@ class StatusPoller:
             self._health_at = self.clock()
             health = self._get_json(self.layout.inference_url + self.layout.version_path)
             if health:
-                status.weight_version = health.get("weight_version")
+                status.weight_version = served_version(health.get("weight_version"))
         for row in self._new_metric_rows():
             if "train/loss" in row:
                 status.train_row = row
