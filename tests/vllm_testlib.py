@@ -97,6 +97,21 @@ def vllm_command(
     ]  # fmt: skip
 
 
+def stop_process_group(proc: subprocess.Popen[Any]) -> None:
+    """Stop a vLLM started in a session of its own, with its engine core and workers."""
+    if proc.poll() is not None:
+        return
+    group = os.getpgid(proc.pid)
+    os.killpg(group, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(group, signal.SIGKILL)
+        proc.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):  # the engine core may outlive the API
+        os.killpg(group, signal.SIGKILL)
+
+
 class VllmServer:
     """One vLLM OpenAI server process; a context manager that starts it and kills it (and its
     engine-core child: the whole process group) on exit."""
@@ -181,17 +196,8 @@ class VllmServer:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        group = os.getpgid(self.proc.pid)
-        os.killpg(group, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(group, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):  # the engine core may outlive the API
-            os.killpg(group, signal.SIGKILL)
+        if self.proc is not None:
+            stop_process_group(self.proc)
 
     def __enter__(self) -> VllmServer:
         return self.start()

@@ -9,10 +9,7 @@ rather than the hub dataset, with groups of 4 and 48-token answers; the trainer 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +19,8 @@ import pytest
 
 from tests.docs.doc_commands import REPO, DocCommand, doc_commands_in_block
 from tests.fakes import free_port
-from tests.vllm_testlib import model_path, vllm_environment, vllm_python
+from tests.trainer.trainer_helpers import wait_healthy
+from tests.vllm_testlib import model_path, stop_process_group, vllm_environment, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -44,28 +42,11 @@ def adapted(command: DocCommand, ports: dict[str, str], save_dir: Path) -> list[
     return argv
 
 
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float, key: str) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{url}: the server exited with {proc.returncode}"
-        try:
-            bearer = {"Authorization": f"Bearer {key}"}
-            if httpx.get(f"{url}/health", headers=bearer, timeout=2).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(url)
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Each process, and for vLLM its engine and workers (its own process group)."""
+def stop_all(procs: list[subprocess.Popen[bytes]], vllm: subprocess.Popen[bytes] | None) -> None:
+    """Each process; vLLM with its engine and workers (its own process group)."""
     for proc in reversed(procs):
-        if proc.args[0] == str(vllm_python()):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+        if proc is vllm:
+            stop_process_group(proc)
         else:
             proc.terminate()
     for proc in procs:
@@ -73,10 +54,6 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    for proc in procs:
-        if proc.args[0] == str(vllm_python()):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # what outlived the TERM
 
 
 @pytest.mark.timeout(2400)
@@ -109,13 +86,16 @@ def test_the_readme_cluster_recipe_runs_on_vllm(tmp_path: Path) -> None:
                    *adapted(trainer, ports, save_dir)[1:], "--max-token-len", "512"]  # fmt: skip
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("broker", "vllm", "env")}
     procs: list[subprocess.Popen[bytes]] = []
+    vllm_proc: subprocess.Popen[bytes] | None = None
     try:
         procs.append(subprocess.Popen(broker_cmd, cwd=tmp_path, env=child,
                                       stdout=logs["broker"], stderr=subprocess.STDOUT))  # fmt: skip
-        procs.append(subprocess.Popen(vllm_cmd, cwd=tmp_path, env=vllm_env, start_new_session=True,
-                                      stdout=logs["vllm"], stderr=subprocess.STDOUT))  # fmt: skip
-        wait_up(broker_url, procs[0], 120, key)
-        wait_up(vllm_url, procs[1], 900, key)
+        vllm_proc = subprocess.Popen(vllm_cmd, cwd=tmp_path, env=vllm_env, start_new_session=True,
+                                     stdout=logs["vllm"], stderr=subprocess.STDOUT)  # fmt: skip
+        procs.append(vllm_proc)
+        bearer = {"Authorization": f"Bearer {key}"}
+        wait_healthy(broker_url, procs[0], 120, headers=bearer)
+        wait_healthy(vllm_url, vllm_proc, 900, headers=bearer)
         # the middleware holds the key: a push without it is refused, and changes nothing
         refused = httpx.post(f"{vllm_url}/pause", params={"mode": "keep"}, timeout=30)
         assert refused.status_code == 401
@@ -126,7 +106,7 @@ def test_the_readme_cluster_recipe_runs_on_vllm(tmp_path: Path) -> None:
         served = httpx.get(f"{vllm_url}/weight_info", timeout=30,
                            headers={"Authorization": f"Bearer {key}"})  # fmt: skip
     finally:
-        stop_all(procs)
+        stop_all(procs, vllm_proc)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 2 loss" in done.stderr, done.stderr[-3000:]
     assert (save_dir / "step-2" / "config.json").is_file()

@@ -175,7 +175,9 @@ def base_args(model: Path, save_dir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def wait_healthy(url: str, proc: Any, timeout: float = 120.0) -> None:
+def wait_healthy(
+    url: str, proc: Any, timeout: float = 120.0, headers: dict[str, str] | None = None
+) -> None:
     import time
 
     import httpx
@@ -185,7 +187,7 @@ def wait_healthy(url: str, proc: Any, timeout: float = 120.0) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=1.0).is_success:
+            if httpx.get(url + "/health", headers=headers, timeout=1.0).is_success:
                 return
         except httpx.HTTPError:
             time.sleep(0.3)
