@@ -62,7 +62,7 @@ def test_vllm_weight_version_is_read_from_weight_info_and_its_empty_health_is_ig
 
     layout = RunLayout(tmp_path, "model", 1, 2, version_path="/weight_info")
     with httpx.Client(transport=httpx.MockTransport(serve)) as http:
-        assert StatusPoller(layout, http).poll().weight_version == "3"
+        assert StatusPoller(layout, http).poll().weight_version == 3  # vLLM's label, as a step
     with httpx.Client(transport=httpx.MockTransport(serve)) as http:  # /health: no JSON
         assert StatusPoller(RunLayout(tmp_path, "model", 1, 2), http).poll().weight_version is None
 

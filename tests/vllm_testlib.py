@@ -231,13 +231,6 @@ class RecordingProxy:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
-    @property
-    def headers(self) -> dict[str, str]:
-        """The bearer header of the key the server was started with (``ATROPOS_API_KEY``: our
-        ``--middleware`` guard reads it), else none."""
-        key = self.env.get("ATROPOS_API_KEY")
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
     def _app(self) -> Any:
         from starlette.applications import Starlette
         from starlette.requests import Request
