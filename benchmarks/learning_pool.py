@@ -7,8 +7,9 @@ difference of the two gains), and the minutes ours took to reach TRL's final str
 (the first snapshot at or above it). Pooled over seeds: the same differences over every
 (seed, problem) pair, resampled within each seed.
 
-    python benchmarks/learning_pool.py runs/learning-vs-trl-A runs/learning-vs-trl-B ... \\
-        --out docs/learning-vs-trl/2026-11-27
+    python benchmarks/learning_pool.py           # the committed grid, and what it still lacks
+    python benchmarks/learning_pool.py runs/learning-vs-trl/seed0 runs/learning-vs-trl/seed1 \\
+        --out docs/learning-vs-trl/pooled
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
 
 SYSTEMS = ("ours", "trl")
+GRID = Path(__file__).resolve().parents[1] / "docs" / "learning-vs-trl" / "grid"
+GRID_TASKS = ("sums", "three_sums")  # benchmarks.learning_systems.TASKS
 
 
 def grades_of(run_dir: Path, label: str, grade: str = "strict") -> list[bool]:
@@ -76,6 +79,8 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
         "difference": gain_difference(base, after["ours"], after["trl"]),
         "minutes_to_trl": minutes_to_reach(summary["systems"]["ours"]["curve"], trl_final),
         "trl_minutes": float(finals["trl"]["minutes"]),
+        "ours_best": max(p["strict"] for p in summary["systems"]["ours"]["curve"]),
+        "minutes": summary["minutes"],
     }
 
 
@@ -112,17 +117,56 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
             f"| {reached} |"
         )
     for task, task_rows in by_task.items():
-        if len(task_rows) < 2:
-            continue
-        pooled = stratified_bootstrap([r["difference"] for r in task_rows])
-        worst = min(bootstrap_mean(r["difference"]).estimate for r in task_rows)
         lines.append("")
-        lines.append(
-            f"{task}, pooled over seeds {sorted(r['seed'] for r in task_rows)}: ours - TRL "
-            f"strict gain {_points(pooled)} points (resampled within each seed); lowest "
-            f"seed {100 * worst:+.1f}"
-        )
+        if len(task_rows) >= 2:
+            pooled = stratified_bootstrap([r["difference"] for r in task_rows])
+            worst = min(bootstrap_mean(r["difference"]).estimate for r in task_rows)
+            lines.append(
+                f"{task}, pooled over seeds {sorted(r['seed'] for r in task_rows)}: ours - TRL "
+                f"strict gain {_points(pooled)} points (resampled within each seed); lowest "
+                f"seed {100 * worst:+.1f}"
+            )
+        lines += [f"  {line}" for line in target_lines(task_rows)]
     return "\n".join(lines)
+
+
+def target_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 35's targets for one task's seeds, each met or missed with its figures."""
+
+    def verdict(met: bool) -> str:
+        return "met" if met else "MISSED"
+
+    falls = {r["seed"]: r["ours_best"] - r["after"]["ours"] for r in rows}
+    per_seed = {r["seed"]: bootstrap_mean(r["difference"]).estimate for r in rows}
+    reach = {r["seed"]: r["minutes_to_trl"] for r in rows}
+    halves = {r["seed"]: r["trl_minutes"] / 2 for r in rows}
+    in_half = all(reach[s] is not None and reach[s] <= halves[s] for s in reach)
+    reached = [
+        f"seed {s} {'not reached' if m is None else f'{m:.1f} min'} (half: {halves[s]:.1f})"
+        for s, m in reach.items()
+    ]
+    out = [
+        f"ours ends within 5 points of its best snapshot: {verdict(max(falls.values()) <= 0.05)} "
+        f"(falls {', '.join(f'seed {s} {100 * v:.1f}' for s, v in falls.items())})",
+        f"ours - TRL >= +5 on every seed: {verdict(min(per_seed.values()) >= 0.05)} "
+        f"({', '.join(f'seed {s} {100 * v:+.1f}' for s, v in per_seed.items())})",
+        f"ours reaches TRL's final in half TRL's time: {verdict(in_half)} ({', '.join(reached)})",
+    ]
+    if len(rows) >= 2:
+        pooled = stratified_bootstrap([r["difference"] for r in rows])
+        met = pooled.estimate >= 0.10 and pooled.low > 0
+        out.insert(1, f"pooled ours - TRL >= +10, interval above 0: {verdict(met)} "
+                      f"({_points(pooled)})")  # fmt: skip
+    return out
+
+
+GRID_SEEDS = (0, 1, 2)
+
+
+def missing_cells(summaries: list[dict[str, Any]], tasks: list[str]) -> list[str]:
+    """The grid's task x seed cells with no finished run of both systems."""
+    done = {(s["task"], s["seed"]) for s in summaries if set(SYSTEMS) <= set(s["systems"])}
+    return [f"{t}-seed{seed}" for t in tasks for seed in GRID_SEEDS if (t, seed) not in done]
 
 
 def plot_curves(summaries: list[dict[str, Any]], path: Path) -> None:
@@ -155,16 +199,25 @@ def plot_curves(summaries: list[dict[str, Any]], path: Path) -> None:
 
 
 def load_summaries(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Every ``<task folder>/summary.json`` under ``run_dirs``, its grades read from beside it
+    (so a folder copied elsewhere, as the published grid, still pools)."""
     found = []
     for run_dir in run_dirs:
         for path in sorted(run_dir.glob("*/summary.json")):
-            found.append(json.loads(path.read_text()))
+            found.append({**json.loads(path.read_text()), "run_dir": str(path.parent)})
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", type=Path, nargs="+", help="learning_vs_trl.py run folders")
+    parser.add_argument(
+        "runs",
+        type=Path,
+        nargs="*",
+        default=[GRID],
+        help="learning_vs_trl.py run folders (default: the committed grid, docs/learning-vs-trl/"
+        "grid)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="Write <out>.txt and <out>.png")
     args = parser.parse_args(argv)
     summaries = load_summaries(args.runs)
@@ -172,7 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no <task>/summary.json under {', '.join(map(str, args.runs))}")
         return 1
     seeds = sorted({s["seed"] for s in summaries})
-    table = pooled_table(summaries, f"seeds {seeds}")
+    budgets = sorted({float(s["minutes"]) for s in summaries})
+    table = pooled_table(summaries, f"seeds {seeds}, {' / '.join(f'{b:g}' for b in budgets)} "
+                                    "min per system")  # fmt: skip
+    if len(budgets) > 1:
+        table += f"\n\nnot one budget: runs of {budgets} minutes are pooled together"
+    missing = missing_cells(summaries, list(GRID_TASKS))
+    table += "\n\n" + (f"missing from the grid: {', '.join(missing)}" if missing
+                        else "the grid is complete")  # fmt: skip
     print(table)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,11 @@
 
 ``Task`` is the demo's environment (``environments/reasoning_gym/env.py`` with
 ``configs/local-cpu-env.yaml``): the same training pool, held-out problems, chat prompt and
-reward function for both systems. ``greedy_replies`` is the one evaluator every model folder
-(the base model, each system's snapshots) goes through, so both are graded identically.
+reward function for both systems. ``served_greedy_answers`` is the one evaluator every model
+folder (the base model, each system's snapshots) goes through, so both are graded identically:
+atropos-local's own held-out evaluation (``env.py evaluate`` against the embedded server, the
+fast decode path). ``greedy_replies`` (transformers' ``generate``) is the slow reference a test
+compares it with.
 
 ``run_ours`` runs ``atropos-local`` (what ``scripts/demo`` runs) for a wall-clock budget and
 keeps the pushed weights at a few moments; ``trl_worker`` (``python -m
@@ -65,6 +68,7 @@ class Task:
     held_out: list[dict]
     scorer: Any
     disjointness: Any
+    env_config: Path = ENV_CONFIG
 
     @classmethod
     def load(cls, env_config: Path = ENV_CONFIG, seed: int = 0) -> Task:
@@ -83,6 +87,7 @@ class Task:
             problems.test[name],
             problems.scorers[name],
             problems.disjointness,
+            env_config,
         )
 
     @property
@@ -160,6 +165,78 @@ def greedy_replies(
         new = out[:, batch["input_ids"].shape[1] :]  # (B, new tokens)
         replies += tokenizer.batch_decode(new, skip_special_tokens=True)
     return replies
+
+
+def with_tokenizer(model_dir: Path, tokenizer_dir: Path) -> Path:
+    """``model_dir`` with the tokenizer files it lacks hard-linked from ``tokenizer_dir`` (TRL
+    saves weights and config only; the server needs a tokenizer and chat template)."""
+    for file in tokenizer_dir.iterdir():
+        weights = "safetensors" in file.name or file.suffix in (".bin", ".pt")
+        target = model_dir / file.name
+        if file.is_file() and not weights and file.name != "config.json" and not target.exists():
+            os.link(file, target)
+    return model_dir
+
+
+def served_greedy_answers(
+    model_dir: Path,
+    task: Task,
+    out_dir: Path,
+    threads: int = 2,
+    eval_size: int | None = None,
+    startup_s: float = 300.0,
+) -> list[dict[str, Any]]:
+    """Greedy answers of ``model_dir`` to the task's held-out problems, as atropos-local
+    evaluates: the embedded server (``python -m atroposlib.inference``, shared prompt beginnings
+    on) serving the folder, ``env.py evaluate`` against it. -> the ``samples.jsonl`` rows
+    (``problem``, ``response``, ``strict``, ``lenient``, ``formatted`` ...) in held-out order.
+    Raises ``RuntimeError`` naming the log if the server cannot serve the folder."""
+    import httpx
+
+    from atroposlib.localrun.components import free_port
+    from atroposlib.localrun.settings import LocalRunSettings
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port, log_path = free_port(), out_dir / "server.log"
+    size = len(task.held_out) if eval_size is None else eval_size
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ATROPOS_API_KEY", None)  # a private server on a free port, for this one evaluation
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "atroposlib.inference", "--model", str(model_dir),
+             "--port", str(port), "--served-model-name", "default", "--threads", str(threads)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the inference server did not serve {model_dir}: {log_path}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        subprocess.run(
+            [sys.executable, str(ENV_SCRIPT), "evaluate", "--config", str(task.env_config),
+             "--openai.base_url", f"http://127.0.0.1:{port}/v1",
+             "--openai.model_name", "default", "--openai.server_type", "embedded",
+             "--env.tokenizer_name", str(model_dir),
+             "--env.max_token_length", str(LocalRunSettings().max_token_len),
+             "--env.seed", str(task.config.seed), "--env.eval_size", str(size),
+             "--env.data_dir_to_save_evals", str(out_dir)],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    with (out_dir / "samples.jsonl").open() as handle:
+        rows = {row["problem"]: row for row in map(json.loads, handle)}
+    wanted = [task.key(entry) for entry in task.held_out[:size]]
+    if sorted(rows) != sorted(wanted):
+        raise RuntimeError(f"{out_dir}: env.py evaluate answered other problems than the task's")
+    return [rows[key] for key in wanted]
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,23 @@ Runs, one after the other on this machine, (a) our full loop as ``scripts/demo``
 defaults) and (b) TRL's ``GRPOTrainer`` with its documented defaults, on the same model
 (the offline SmolLM2-135M-Instruct), task, prompt, reward function, loss family (Dr GRPO),
 wall-clock budget and seed. Each system's weights are kept at a few moments of its run and
-evaluated afterwards (off the budget) by one evaluator: greedy replies to the same held-out
-problems, none of which either system can train on (checked at start), graded strict (exact
+evaluated afterwards (off the budget) by one evaluator, atropos-local's own (``env.py evaluate``
+on the embedded server's fast path): greedy replies to the same held-out problems, none of
+which either system can train on (checked at start), graded strict (exact
 ``<answer>N</answer>`` and right), lenient (right at all) and for format.
 
-    .venv/bin/python benchmarks/learning_vs_trl.py     # 20 min each + ~22 min eval: ~63 min
-    .venv/bin/python benchmarks/learning_vs_trl.py --minutes 5 --seed 1
-    .venv/bin/python benchmarks/learning_vs_trl.py --run-dir DIR --eval-only   # (re)evaluate
+One invocation is one cell of the grid (one task, one seed, both systems; 10 min each, ~30 min
+in all with evaluation):
 
-Writes ``runs/learning-vs-trl-<date>-<time>/``: ``table.txt`` (what it prints),
+    .venv/bin/python benchmarks/learning_vs_trl.py --tasks three_sums --seed 1
+    .venv/bin/python benchmarks/learning_vs_trl.py --run-dir DIR --eval-only   # (re)evaluate
+    .venv/bin/python benchmarks/learning_pool.py      # pools the committed grid, names gaps
+
+Writes ``runs/learning-vs-trl/seed<N>/<task>/``: ``table.txt`` (what it prints),
 ``summary.json``, ``accuracy_vs_minutes.png``, per-problem ``eval/*.jsonl``, each system's
-``*-training.json`` (figures, load, snapshots) and logs.
+``*-training.json`` (figures, load, snapshots) and logs. Run again, the same command resumes a
+cut-off run (a system that finished training is not trained again; graded models are read
+back). A finished cell is copied to ``docs/learning-vs-trl/grid/<task>-seed<N>/`` (``--publish``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -44,26 +51,38 @@ from benchmarks.learning_systems import (
     Snapshot,
     Task,
     TrlSpec,
-    greedy_replies,
     run_ours,
     run_trl,
+    served_greedy_answers,
     trl_snapshots,
+    with_tokenizer,
 )
 
 SYSTEMS = ("ours", "trl")
 GRADES = ("strict", "lenient", "formatted")
+PUBLISHED = Path(__file__).resolve().parents[1] / "docs" / "learning-vs-trl" / "grid"
+RESUMED_SETTINGS = ("minutes", "points", "seed", "ours_arg", "trl_config")
+"""What a resumed run folder must have been started with: a run's snapshots are only
+comparable with those of the same budget, marks and seed."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=20.0, help="Budget of each system.")
+    parser.add_argument("--minutes", type=float, default=10.0, help="Budget of each system.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of both systems and the data.")
     parser.add_argument("--points", type=int, default=4, help="Evaluated moments per system.")
-    parser.add_argument("--run-dir", type=Path, default=None, help="Output folder.")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="Output folder (default runs/learning-vs-trl/seed<N>: running the same command "
+        "again resumes it).",
+    )
     parser.add_argument(
         "--tasks",
-        default=",".join(TASKS),
-        help=f"Tasks to run, one after the other (of {', '.join(TASKS)}).",
+        default="sums",
+        help=f"Tasks to run, one after the other (of {', '.join(TASKS)}); the grid runs one "
+        "task per invocation.",
     )
     parser.add_argument(
         "--env-config", type=Path, default=None, help="Instead of --tasks: one task (env YAML)."
@@ -80,13 +99,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ours-arg", action="append", default=[], help="Extra atropos-local flag (repeat)."
     )
-    parser.add_argument("--eval-batch", type=int, default=50, help="Prompts per greedy batch.")
     parser.add_argument(
-        "--eval-threads",
-        type=int,
-        default=1,
-        help="Torch threads of the evaluator (on a loaded 2-core machine 1 is the fastest).",
+        "--eval-threads", type=int, default=2, help="Torch threads of the evaluating server."
     )
+    parser.add_argument(
+        "--publish",
+        type=Path,
+        default=PUBLISHED,
+        help="Where each finished task's table, plot, summary and per-problem grades are "
+        "copied, as <task>-seed<N>/ (the folder benchmarks/learning_pool.py pools).",
+    )
+    parser.add_argument("--no-publish", dest="publish", action="store_const", const=None)
     parser.add_argument(
         "--eval-only",
         action="store_true",
@@ -114,10 +137,10 @@ class Evaluated:
 
 
 def evaluate(
-    task: Task, snapshot: Snapshot | None, base: Path, out: Path, batch: int, threads: int
+    task: Task, snapshot: Snapshot | None, base: Path, out: Path, threads: int
 ) -> Evaluated:
-    """Greedy replies of ``snapshot`` (None: the base model) to every held-out problem; a model
-    already graded in ``out`` is read back."""
+    """Greedy replies of ``snapshot`` (None: the base model) to every held-out problem, on the
+    fast path atropos-local evaluates with; a model already graded in ``out`` is read back."""
     label = f"{snapshot.system}-step-{snapshot.step}" if snapshot else "base"
     elapsed, step = (snapshot.elapsed_s, snapshot.step) if snapshot else (0.0, 0)
     path = out / f"{label}.jsonl"
@@ -125,28 +148,17 @@ def evaluate(
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         if [r["problem"] for r in rows] == [task.key(e) for e in task.held_out]:
             return Evaluated(label, elapsed, step, {g: [r[g] for r in rows] for g in GRADES})
-    replies = greedy_replies(
-        snapshot.folder if snapshot else base,
-        base,
-        [task.prompt(e) for e in task.held_out],
-        task.max_tokens,
-        batch,
-        threads,
-    )
-    graded = [task.grade(reply, entry) for reply, entry in zip(replies, task.held_out, strict=True)]
+    model = with_tokenizer(snapshot.folder, base) if snapshot else base
+    started = time.monotonic()
+    answers = served_greedy_answers(model, task, out / "served" / label, threads)
+    seconds = time.monotonic() - started
+    print(f"  {label}: strict {pct(sum(a['strict'] for a in answers) / len(answers))} "
+          f"({seconds:.0f} s with the server's start)", flush=True)  # fmt: skip
+    keep = ("problem", "question", "answer", "response", *GRADES)
     with path.open("w") as handle:
-        for entry, reply, grade in zip(task.held_out, replies, graded, strict=True):
-            row = {
-                "problem": task.key(entry),
-                "question": entry["question"],
-                "answer": entry["answer"],
-                "response": reply,
-                "strict": grade.strict,
-                "lenient": grade.lenient,
-                "formatted": grade.formatted,
-            }
-            handle.write(json.dumps(row) + "\n")
-    return Evaluated(label, elapsed, step, {g: [getattr(x, g) for x in graded] for g in GRADES})
+        for answer in answers:
+            handle.write(json.dumps({k: answer[k] for k in keep}) + "\n")
+    return Evaluated(label, elapsed, step, {g: [bool(a[g]) for a in answers] for g in GRADES})
 
 
 # ---------------------------------------------------------------------------------------
@@ -358,6 +370,9 @@ def run_task(
     failed). Writes ``table.txt``, ``summary.json`` and ``accuracy_vs_minutes.png`` in
     ``run_dir``."""
     (run_dir / "eval").mkdir(parents=True, exist_ok=True)
+    if not args.eval_only and (refused := claim_run_dir(run_dir, args)) is not None:
+        print(refused)
+        return None
     task = Task.load(env_config, args.seed)
     check = task.disjointness
     print(f"[{name}] {task.description}; run folder {run_dir}", flush=True)
@@ -373,16 +388,21 @@ def run_task(
     task_args = argparse.Namespace(**{**vars(args), "env_config": env_config})
     for system in systems:
         record_file = run_dir / f"{system}-training.json"
-        if not args.eval_only:
+        if record_file.exists():
+            print(f"[{name}] {system}: trained before ({record_file.name}), not again", flush=True)
+        elif args.eval_only:
+            print(f"--eval-only: {record_file} is missing (train {system} first)")
+            return None
+        else:
+            if (run_dir / system).exists():  # cut off mid-training: start that system over
+                print(f"[{name}] {system}: its run was cut off; training it again", flush=True)
+                shutil.rmtree(run_dir / system)
             print(f"[{name}] training {system} for {args.minutes:g} min ...", flush=True)
             record = train_system(system, task_args, task, run_dir, base_model, marks)
             if record is None:
                 print(f"[{name}] {system} failed: see {run_dir}/{system}.log")
                 return None
             record_file.write_text(json.dumps(record, indent=2))
-        elif not record_file.exists():
-            print(f"--eval-only: {record_file} is missing (train {system} first)")
-            return None
         records[system] = json.loads(record_file.read_text())
     snapshots = {
         system: [Snapshot(**{**s, "folder": Path(s["folder"])}) for s in record["snapshots"]]
@@ -390,10 +410,10 @@ def run_task(
     }
     print(f"[{name}] evaluating the base model and every snapshot (greedy) ...", flush=True)
     eval_started = time.monotonic()
-    out, batch, threads = run_dir / "eval", args.eval_batch, args.eval_threads
-    base = evaluate(task, None, base_model, out, batch, threads)
+    out, threads = run_dir / "eval", args.eval_threads
+    base = evaluate(task, None, base_model, out, threads)
     curves = {
-        system: [evaluate(task, s, base_model, out, batch, threads) for s in shots]
+        system: [evaluate(task, s, base_model, out, threads) for s in shots]
         for system, shots in snapshots.items()
     }
     eval_s = time.monotonic() - eval_started
@@ -406,8 +426,8 @@ def run_task(
         f'task: {task.description}, prompt "{task.prompt(task.held_out[0])[-1]["content"]}"',
         f"held-out: {check.eval_problems} problems; overlap with the training pool of "
         f"{check.training_pool:,}: {check.overlap}; among ours' trained prompts: {len(trained)}",
-        f"evaluation: greedy, {task.max_tokens} new tokens, one evaluator for both; "
-        f"{eval_s / 60:.1f} min, after training",
+        f"evaluation: greedy, {task.max_tokens} new tokens, one evaluator for both (atropos-"
+        f"local's: env.py evaluate on the embedded server); {eval_s / 60:.1f} min, after training",
     ]
     results = {
         system: {"training": records[system]["training"], "final": curves[system][-1],
@@ -442,15 +462,49 @@ def run_task(
         "difference_ours_minus_trl": {g: vars(i) for g, i in differences.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if args.publish is not None and set(systems) == set(SYSTEMS):
+        labels = ["base", *(p.label for points in curves.values() for p in points)]
+        print(f"[{name}] published to {publish(run_dir, summary, labels, args.publish)}")
     return summary
+
+
+def claim_run_dir(run_dir: Path, args: argparse.Namespace) -> str | None:
+    """Records the settings a run folder is started with; None if it is new or was started
+    with the same ones (then it resumes), else why it cannot be resumed with these."""
+    path = run_dir / "invocation.json"
+    settings = {key: getattr(args, key) for key in RESUMED_SETTINGS}
+    if not path.exists():
+        path.write_text(json.dumps(settings, indent=2))
+        return None
+    before = json.loads(path.read_text())
+    changed = [f"{k} {before.get(k)!r} -> {settings[k]!r}" for k in settings
+               if before.get(k) != settings[k]]  # fmt: skip
+    if changed:
+        return (f"{run_dir} was started with other settings ({'; '.join(changed)}): run it "
+                "with the same ones to resume it, or pass another --run-dir")  # fmt: skip
+    return None
+
+
+def publish(run_dir: Path, summary: dict[str, Any], labels: list[str], target: Path) -> Path:
+    """What a finished task leaves for the record (table, plot, summary, training records,
+    each evaluated model's per-problem grades), in ``target/<task>-seed<N>/``."""
+    folder = target / f"{summary['task']}-seed{summary['seed']}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    (folder / "eval").mkdir(parents=True)
+    for name in ("table.txt", "accuracy_vs_minutes.png", "invocation.json",
+                 *(f"{s}-training.json" for s in SYSTEMS)):  # fmt: skip
+        shutil.copy2(run_dir / name, folder / name)
+    for label in labels:
+        shutil.copy2(run_dir / "eval" / f"{label}.jsonl", folder / "eval" / f"{label}.jsonl")
+    (folder / "summary.json").write_text(json.dumps({**summary, "run_dir": "."}, indent=2))
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    run_dir = (
-        args.run_dir or Path("runs") / datetime.now().strftime("learning-vs-trl-%Y%m%d-%H%M%S")
-    ).resolve()
+    run_dir = (args.run_dir or Path("runs") / "learning-vs-trl" / f"seed{args.seed}").resolve()
     base_model = ensure_test_model()
     tasks = {"custom": args.env_config} if args.env_config else {
         name: TASKS[name] for name in args.tasks.split(",")

@@ -221,18 +221,72 @@ def test_a_model_already_graded_is_read_back_not_generated_again(
     rows = [{"problem": task.key(e), "strict": i % 2 == 0, "lenient": True, "formatted": i < 3}
             for i, e in enumerate(task.held_out)]  # fmt: skip
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    missing_model = tmp_path / "no-model"  # generating would fail: nothing is loaded
-    graded = evaluate(task, None, missing_model, tmp_path, 50, 1)
+    missing_model = tmp_path / "no-model"  # generating would fail: nothing can be served
+    graded = evaluate(task, None, missing_model, tmp_path, 1)
     assert graded.rate("strict") == 0.5 and graded.rate("formatted") == 3 / 200
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
-    with pytest.raises(OSError):  # other problems: not trusted, so it tries to generate
-        evaluate(task, None, missing_model, tmp_path, 50, 1)
+    with pytest.raises(RuntimeError, match="did not serve"):  # other problems: generates
+        evaluate(task, None, missing_model, tmp_path, 1)
 
 
 def test_eval_only_needs_the_systems_training_records(tmp_path: Path) -> None:
     from benchmarks.learning_vs_trl import main
 
-    assert main(["--eval-only", "--run-dir", str(tmp_path), "--only", "trl"]) == 1
+    assert main(["--eval-only", "--run-dir", str(tmp_path), "--only", "trl", "--no-publish"]) == 1
+
+
+def test_a_run_folder_resumes_only_with_the_settings_it_was_started_with(tmp_path: Path) -> None:
+    from benchmarks.learning_vs_trl import claim_run_dir, parse_args
+
+    first = parse_args(["--minutes", "10", "--seed", "1"])
+    assert claim_run_dir(tmp_path, first) is None  # new: claimed
+    assert claim_run_dir(tmp_path, parse_args(["--minutes", "10", "--seed", "1"])) is None
+    refused = claim_run_dir(tmp_path, parse_args(["--minutes", "5", "--seed", "1"]))
+    assert refused is not None and "minutes 10.0 -> 5.0" in refused and "--run-dir" in refused
+    assert json.loads((tmp_path / "invocation.json").read_text())["minutes"] == 10.0
+
+
+def test_a_finished_task_is_published_with_what_the_pool_reads(tmp_path: Path) -> None:
+    from benchmarks.learning_pool import load_summaries
+    from benchmarks.learning_vs_trl import publish
+
+    run = tmp_path / "run" / "sums"
+    (run / "eval").mkdir(parents=True)
+    for name in ("table.txt", "accuracy_vs_minutes.png", "invocation.json",
+                 "ours-training.json", "trl-training.json"):  # fmt: skip
+        (run / name).write_text(name)
+    for label in ("base", "ours-step-3", "trl-step-2", "ours-step-1"):
+        (run / "eval" / f"{label}.jsonl").write_text(json.dumps({"strict": True}) + "\n")
+    summary = {"task": "sums", "seed": 2, "run_dir": str(run), "systems": {}}
+    folder = publish(run, summary, ["base", "ours-step-3", "trl-step-2"], tmp_path / "grid")
+    assert folder == tmp_path / "grid" / "sums-seed2"
+    assert sorted(p.name for p in (folder / "eval").iterdir()) == [
+        "base.jsonl", "ours-step-3.jsonl", "trl-step-2.jsonl"]  # fmt: skip
+    assert (folder / "table.txt").read_text() == "table.txt"
+    assert load_summaries([tmp_path / "grid"])[0]["run_dir"] == str(folder)
+
+
+@pytest.mark.slow
+def test_the_served_evaluator_answers_as_transformers_generate_does(
+    task: Task, tmp_path: Path
+) -> None:
+    """The benchmark's evaluator (atropos-local's: the embedded server's fast path) against
+    the old one (transformers' batched ``generate``), greedy, on the same base weights."""
+    from atroposlib.utils.test_model import ensure_test_model
+    from benchmarks.learning_systems import greedy_replies, served_greedy_answers
+
+    model, count = ensure_test_model(), 24
+    served = served_greedy_answers(model, task, tmp_path / "served", threads=2, eval_size=count)
+    prompts = [task.prompt(e) for e in task.held_out[:count]]
+    generated = greedy_replies(model, model, prompts, task.max_tokens, batch_size=count)
+    assert [a["problem"] for a in served] == [task.key(e) for e in task.held_out[:count]]
+    differing = [(a["response"], r) for a, r in zip(served, generated, strict=True)
+                 if a["response"] != r]  # fmt: skip
+    assert not differing, differing
+    grades = [
+        task.grade(r, e).strict for r, e in zip(generated, task.held_out[:count], strict=True)
+    ]
+    assert [a["strict"] for a in served] == grades
 
 
 # ---- the tasks -------------------------------------------------------------------------------

@@ -10,11 +10,14 @@ import pytest
 
 from atroposlib.localrun.bootstrap import bootstrap_mean
 from benchmarks.learning_pool import (
+    load_summaries,
     main,
     minutes_to_reach,
+    missing_cells,
     pooled_table,
     seed_row,
     stratified_bootstrap,
+    target_lines,
 )
 
 PROBLEMS = 20
@@ -44,7 +47,7 @@ def write_run(root: Path, task: str, seed: int, ours_right: int, trl_right: int)
                 {"minutes": 10.0, "label": final, "strict": right / PROBLEMS},
             ],
         }
-    summary = {"task": task, "seed": seed, "run_dir": str(folder),
+    summary = {"task": task, "seed": seed, "run_dir": str(folder), "minutes": 10.0,
                "base": {"strict": 2 / PROBLEMS}, "systems": curves}  # fmt: skip
     (folder / "summary.json").write_text(json.dumps(summary))
     return summary
@@ -99,4 +102,39 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path: Path) -> None:
     assert main([str(tmp_path / "run0"), str(tmp_path / "run1"), "--out", str(out)]) == 0
     assert "pooled over seeds [0, 1]" in out.with_suffix(".txt").read_text()
     assert out.with_suffix(".png").stat().st_size > 1000
+    assert (
+        "missing from the grid: sums-seed2, three_sums-seed0" in out.with_suffix(".txt").read_text()
+    )
     assert main([str(tmp_path / "empty")]) == 1
+
+
+def test_the_targets_are_judged_per_task_with_their_figures(tmp_path: Path) -> None:
+    rows = [
+        seed_row(write_run(tmp_path / "a", "sums", 0, ours_right=12, trl_right=6)),
+        seed_row(write_run(tmp_path / "b", "sums", 1, ours_right=10, trl_right=10)),
+    ]
+    lines = target_lines(rows)
+    assert lines[0].startswith("ours ends within 5 points of its best snapshot: met")
+    assert lines[1] == "pooled ours - TRL >= +10, interval above 0: met (+15.0 [+5.0, +25.0])"
+    assert (
+        lines[2].startswith("ours - TRL >= +5 on every seed: MISSED") and "seed 1 +0.0" in lines[2]
+    )
+    # seed 0: ours' halfway (7 right) is at TRL's final (6) at 5.0 min, TRL's half is 5.0
+    assert "seed 0 5.0 min (half: 5.0)" in lines[3] and "seed 1 10.0 min" in lines[3]
+    assert "MISSED" in lines[3]
+    falling = write_run(tmp_path / "c", "sums", 2, ours_right=10, trl_right=4)
+    falling["systems"]["ours"]["curve"][0]["strict"] = 0.9  # best 90 %, ends at 50 %
+    assert "MISSED (falls seed 2 40.0)" in target_lines([seed_row(falling)])[0]
+
+
+def test_a_published_folder_pools_wherever_it_lies_and_the_gaps_are_named(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", "sums", 0, ours_right=12, trl_right=6)
+    moved = tmp_path / "docs" / "grid"
+    moved.mkdir(parents=True)
+    (tmp_path / "run" / "sums").rename(moved / "sums-seed0")
+    summaries = load_summaries([moved])
+    assert summaries[0]["run_dir"] == str(moved / "sums-seed0")
+    assert seed_row(summaries[0])["after"]["ours"] == pytest.approx(0.6)
+    missing = missing_cells(summaries, ["sums", "three_sums"])
+    assert missing == ["sums-seed1", "sums-seed2", "three_sums-seed0", "three_sums-seed1",
+                       "three_sums-seed2"]  # fmt: skip
