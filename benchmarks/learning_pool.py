@@ -118,7 +118,9 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
         )
     for task, task_rows in by_task.items():
         lines.append("")
-        if len(task_rows) >= 2:
+        if len(task_rows) < 2:
+            lines.append(f"{task}, seed {task_rows[0]['seed']} only: nothing to pool yet")
+        else:
             pooled = stratified_bootstrap([r["difference"] for r in task_rows])
             worst = min(bootstrap_mean(r["difference"]).estimate for r in task_rows)
             lines.append(

@@ -93,6 +93,7 @@ def test_the_table_has_every_seed_and_a_pooled_line_per_task(tmp_path: Path) -> 
     assert "sums, pooled over seeds [0, 1]: ours - TRL strict gain +15.0" in table
     assert "lowest seed +0.0" in table
     assert "three_sums, pooled" not in table  # one seed: nothing to pool
+    assert "three_sums, seed 0 only: nothing to pool yet" in table
 
 
 def test_the_command_writes_the_table_and_the_plot(tmp_path: Path) -> None:
