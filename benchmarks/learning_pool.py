@@ -5,9 +5,11 @@ Each run folder holds one subfolder per task with its ``summary.json`` and per-p
 after, its gain with a 95 % bootstrap interval over problems, ours - TRL (the per-problem
 difference of the two gains), and the minutes ours took to reach TRL's final strict accuracy
 (the first snapshot at or above it). Pooled over seeds: the same differences over every
-(seed, problem) pair, resampled within each seed.
+(seed, problem) pair, resampled within each seed. ``--docs`` writes the table between the
+grid-table markers of README.md and docs/results.md.
 
     python benchmarks/learning_pool.py           # the committed grid, and what it still lacks
+    python benchmarks/learning_pool.py --out docs/learning-vs-trl/grid/pooled --docs
     python benchmarks/learning_pool.py runs/learning-vs-trl/seed0 runs/learning-vs-trl/seed1 \\
         --out docs/learning-vs-trl/pooled
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -28,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
 
 SYSTEMS = ("ours", "trl")
-GRID = Path(__file__).resolve().parents[1] / "docs" / "learning-vs-trl" / "grid"
+REPO = Path(__file__).resolve().parents[1]
+GRID = REPO / "docs" / "learning-vs-trl" / "grid"
 GRID_TASKS = ("sums", "three_sums")  # benchmarks.learning_systems.TASKS
 
 
@@ -221,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         "grid)",
     )
     parser.add_argument("--out", type=Path, default=None, help="Write <out>.txt and <out>.png")
+    parser.add_argument(
+        "--docs",
+        action="store_true",
+        help="Also write the table between the grid-table markers of README.md and "
+        "docs/results.md.",
+    )
     args = parser.parse_args(argv)
     summaries = load_summaries(args.runs)
     if not summaries:
@@ -241,7 +251,54 @@ def main(argv: list[str] | None = None) -> int:
         args.out.with_suffix(".txt").write_text(table + "\n")
         plot_curves(summaries, args.out.with_suffix(".png"))
         print(f"wrote {args.out.with_suffix('.txt')} and {args.out.with_suffix('.png')}")
+    if args.docs:
+        for page, text in ((RESULTS_PAGE, results_block(table)), (README, readme_block(table))):
+            fill_block(page, text)
+            print(f"filled the grid table of {page}")
     return 0
+
+
+BLOCK = re.compile(
+    r"(<!-- grid table: benchmarks/learning_pool.py -->\n).*?(\n<!-- end of grid table -->)", re.S
+)
+README = REPO / "README.md"
+RESULTS_PAGE = REPO / "docs" / "results.md"
+
+
+def results_block(table: str) -> str:
+    """docs/results.md's grid: the per-cell table, then each task's lines as a list."""
+    lines = table.splitlines()
+    rows = [line for line in lines if line.startswith("|")]
+    notes = [line for line in lines[1:] if line.strip() and not line.startswith("|")]
+    listed = [f"  - {n.strip()}" if n.startswith("  ") else f"- {n}" for n in notes]
+    return "\n".join(rows) + "\n\n" + "\n".join(listed)
+
+
+def readme_block(table: str) -> str:
+    """The README's grid: before and after per cell, ours - TRL, the pooled lines."""
+    cells = [line for line in table.splitlines() if line.startswith("|")][2:]
+    out = ["| task | seed | before | ours after | TRL after | ours - TRL, strict points |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in cells:
+        task, seed, _, before, ours, trl, difference, _ = (
+            c.strip() for c in row.strip("|").split("|")
+        )
+        out.append(f"| {task} | {seed} | {before} | {ours.split(' (')[0]} | {trl.split(' (')[0]} "
+                   f"| {difference} |")  # fmt: skip
+    pooled = [
+        line
+        for line in table.splitlines()
+        if ", pooled over seeds" in line or line.startswith(("missing from", "the grid is"))
+    ]
+    return "\n".join(out) + ("\n\n" + "\n".join(f"- {p}" for p in pooled) if pooled else "")
+
+
+def fill_block(page: Path, text: str) -> None:
+    """Replaces what lies between the page's grid-table markers with ``text``."""
+    source = page.read_text()
+    if not BLOCK.search(source):
+        raise SystemExit(f"{page}: no grid-table markers (<!-- grid table: ... -->) to fill")
+    page.write_text(BLOCK.sub(lambda m: m.group(1) + text + m.group(2), source))
 
 
 if __name__ == "__main__":

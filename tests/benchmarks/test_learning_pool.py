@@ -139,3 +139,31 @@ def test_a_published_folder_pools_wherever_it_lies_and_the_gaps_are_named(tmp_pa
     missing = missing_cells(summaries, ["sums", "three_sums"])
     assert missing == ["sums-seed1", "sums-seed2", "three_sums-seed0", "three_sums-seed1",
                        "three_sums-seed2"]  # fmt: skip
+
+
+def test_docs_get_the_grid_table_between_their_markers_and_nothing_else(tmp_path: Path) -> None:
+    from benchmarks.learning_pool import fill_block, readme_block, results_block
+
+    table = pooled_table(
+        [
+            write_run(tmp_path / "a", "sums", 0, ours_right=12, trl_right=6),
+            write_run(tmp_path / "b", "sums", 1, ours_right=10, trl_right=10),
+        ],
+        "test",
+    )
+    page = tmp_path / "README.md"
+    page.write_text("intro\n<!-- grid table: benchmarks/learning_pool.py -->\nold\n"
+                    "<!-- end of grid table -->\noutro\n")  # fmt: skip
+    fill_block(page, readme_block(table))
+    text = page.read_text()
+    assert text.startswith("intro\n") and text.endswith("<!-- end of grid table -->\noutro\n")
+    assert "old" not in text
+    assert "| sums | 0 | 10.0 % | 60.0 % | 30.0 % | +30.0 [" in text
+    assert "- sums, pooled over seeds [0, 1]: ours - TRL strict gain +15.0" in text
+    listed = results_block(table)
+    assert "\n- sums, pooled over seeds [0, 1]" in listed
+    assert "\n  - ours - TRL >= +5 on every seed: MISSED" in listed
+    bare = tmp_path / "other.md"
+    bare.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no grid-table markers"):
+        fill_block(bare, "x")
