@@ -217,7 +217,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
         def run() -> None:
             try:
                 result["r"] = asyncio.run(sample())
-            except BaseException as error:  # named by ended() and re-raised below
+            except BaseException as error:  # named by ended(), asserted below
                 result["error"] = error
 
         def ended() -> str | None:
