@@ -19,16 +19,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from atroposlib.localrun.components import free_port  # noqa: E402
 from atroposlib.utils.test_model import ensure_test_model  # noqa: E402
+from benchmarks.serving import wait_until_healthy  # noqa: E402
 
 
 def evaluate(
@@ -47,13 +45,7 @@ def evaluate(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, 300)
         subprocess.run(
             [sys.executable, str(ROOT / "environments/reasoning_gym/env.py"), "evaluate",
              "--config", str(ROOT / args.env_config),

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from atroposlib.envs.reward_fns.graded import Graded, grade_answer
+from benchmarks.serving import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = REPO / "environments" / "reasoning_gym" / "env.py"
@@ -191,8 +192,6 @@ def served_greedy_answers(
     on) serving the folder, ``env.py evaluate`` against it. -> the ``samples.jsonl`` rows
     (``problem``, ``response``, ``strict``, ``lenient``, ``formatted`` ...) in held-out order.
     Raises ``RuntimeError`` naming the log if the server cannot serve the folder."""
-    import httpx
-
     from atroposlib.localrun.components import free_port
     from atroposlib.localrun.settings import LocalRunSettings
 
@@ -208,16 +207,8 @@ def served_greedy_answers(
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the inference server did not serve {model_dir}: {log_path}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        name = f"the inference server for {model_dir}"
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, startup_s, log_path, name=name)
         subprocess.run(
             [sys.executable, str(ENV_SCRIPT), "evaluate", "--config", str(task.env_config),
              "--openai.base_url", f"http://127.0.0.1:{port}/v1",

@@ -47,6 +47,7 @@ from atroposlib.envs.sender import GroupSender  # noqa: E402
 from atroposlib.envs.spool import Spool  # noqa: E402
 from atroposlib.errors import BrokerError  # noqa: E402
 from atroposlib.protocol import EnvRegistration, TrainerRegistration  # noqa: E402
+from benchmarks.serving import wait_until_healthy  # noqa: E402
 
 MiB = 1024 * 1024
 GROUP_SIZE, BATCH_SIZE, SEQ_LEN = 2, 4, 384
@@ -126,17 +127,7 @@ class Broker:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}; see {self.log}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"broker did not start within 60 s; see {self.log}")
+        wait_until_healthy(self.url, self.proc, 60, self.log, poll_s=0.05)
 
     def kill9(self) -> None:
         assert self.proc is not None

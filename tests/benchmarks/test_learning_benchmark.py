@@ -225,7 +225,7 @@ def test_a_model_already_graded_is_read_back_not_generated_again(
     graded = evaluate(task, None, missing_model, tmp_path, 1)
     assert graded.rate("strict") == 0.5 and graded.rate("formatted") == 3 / 200
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
-    with pytest.raises(RuntimeError, match="did not serve"):  # other problems: generates
+    with pytest.raises(RuntimeError, match="before it served"):  # other problems: generates
         evaluate(task, None, missing_model, tmp_path, 1)
 
 
