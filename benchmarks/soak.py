@@ -127,7 +127,7 @@ class Broker:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-        wait_until_healthy(self.url, self.proc, 60, self.log, poll_s=0.05)
+        wait_until_healthy(self.url, self.proc, 60, self.log, poll_s=0.05, name="the broker")
 
     def kill9(self) -> None:
         assert self.proc is not None
