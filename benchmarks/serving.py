@@ -1,4 +1,4 @@
-"""Waiting for a server a benchmark started: one loop instead of one per script."""
+"""Waiting for a server a benchmark or a test started: one loop instead of one per script."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def wait_until_healthy(
     log: Path | None = None,
     poll_s: float = 0.2,
     name: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Return once ``GET {url}/health`` answers 200. Raises ``RuntimeError`` (naming the
     server as ``name``, else its URL, and ``log`` when given) if ``process`` exits first or
@@ -27,7 +28,7 @@ def wait_until_healthy(
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode} before it served{where}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass

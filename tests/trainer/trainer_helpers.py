@@ -178,17 +178,6 @@ def base_args(model: Path, save_dir: Path, *extra: str) -> list[str]:
 def wait_healthy(
     url: str, proc: Any, timeout: float = 120.0, headers: dict[str, str] | None = None
 ) -> None:
-    import time
+    from benchmarks.serving import wait_until_healthy
 
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", headers=headers, timeout=1.0).is_success:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    raise TimeoutError(url)
+    wait_until_healthy(url, proc, timeout, headers=headers)
