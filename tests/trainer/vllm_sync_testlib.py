@@ -118,11 +118,18 @@ class Reply:
         return [str(s["version"]) for s in self.spans for _ in range(s["end"] - s["start"])]
 
 
-def generate(url: str, prompt: list[int], max_tokens: int, temperature: float = 1.0) -> Reply:
+def generate(
+    url: str,
+    prompt: list[int],
+    max_tokens: int,
+    temperature: float = 1.0,
+    client: httpx.Client | None = None,
+) -> Reply:
     params = {"max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
               "logprobs": 0}  # fmt: skip
     body = {"token_ids": prompt, "sampling_params": params}
-    answer = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=600)
+    post = client.post if client is not None else httpx.post
+    answer = post(f"{url}/inference/v1/generate", json=body, timeout=600)
     answer.raise_for_status()
     choice = answer.json()["choices"][0]
     content = (choice.get("logprobs") or {}).get("content") or []
@@ -132,17 +139,24 @@ def generate(url: str, prompt: list[int], max_tokens: int, temperature: float = 
 
 
 class InFlight:
-    """``n`` replies of ``tokens`` sampled at once, each in a thread of its own."""
+    """``n`` replies of ``tokens`` sampled at once, each in a thread of its own.
+
+    Each thread builds its HTTP client first and all send together (a barrier): built one
+    after another on a loaded machine, the first reply could run to its end before the last
+    request arrived, and then the six are never mid-generation together (seen once in CI)."""
 
     def __init__(self, url: str, prompt: list[int], n: int, tokens: int) -> None:
         self.url, self.tokens, self.prompt = url, tokens, prompt
         self.replies: list[Reply | BaseException | None] = [None] * n
+        self.ready = threading.Barrier(n)
         self.threads = [threading.Thread(target=self._one, args=(i,), daemon=True)
                         for i in range(n)]  # fmt: skip
 
     def _one(self, index: int) -> None:
         try:
-            self.replies[index] = generate(self.url, self.prompt, self.tokens)
+            with httpx.Client() as client:
+                self.ready.wait(timeout=120)
+                self.replies[index] = generate(self.url, self.prompt, self.tokens, client=client)
         except BaseException as error:  # re-raised by finish()
             self.replies[index] = error
 
