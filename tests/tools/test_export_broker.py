@@ -118,6 +118,14 @@ def test_dry_run_touches_nothing(
     assert live_broker.get("/info") == {"batch_size": -1, "max_token_len": -1}
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """Run in the child before exec. A shell without job control starts background commands
+    with SIGINT ignored, and the child inherits that (so under ``scripts/test &`` the exporter
+    never saw the signal and the test waited out its timeout). A user's Ctrl-C in a terminal
+    reaches a process whose SIGINT is at its default, so the child gets that default here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_interrupt_keeps_every_written_line(
     live_broker: LiveBroker, tmp_path: Path, tokenizer_dir: str, subprocess_env: dict[str, str]
@@ -126,7 +134,7 @@ def test_interrupt_keeps_every_written_line(
     out = tmp_path / "out.jsonl"
     exporter = subprocess.Popen(
         [sys.executable, "-m", "atroposlib.cli.sft", str(out), *_flags(live_broker, tokenizer_dir)],
-        env=subprocess_env, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
