@@ -119,17 +119,12 @@ class Reply:
 
 
 def generate(
-    url: str,
-    prompt: list[int],
-    max_tokens: int,
-    temperature: float = 1.0,
-    client: httpx.Client | None = None,
+    client: httpx.Client, url: str, prompt: list[int], max_tokens: int, temperature: float = 1.0
 ) -> Reply:
     params = {"max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
               "logprobs": 0}  # fmt: skip
     body = {"token_ids": prompt, "sampling_params": params}
-    post = client.post if client is not None else httpx.post
-    answer = post(f"{url}/inference/v1/generate", json=body, timeout=600)
+    answer = client.post(f"{url}/inference/v1/generate", json=body, timeout=600)
     answer.raise_for_status()
     choice = answer.json()["choices"][0]
     content = (choice.get("logprobs") or {}).get("content") or []
@@ -156,7 +151,7 @@ class InFlight:
         try:
             with httpx.Client() as client:
                 self.ready.wait(timeout=120)
-                self.replies[index] = generate(self.url, self.prompt, self.tokens, client=client)
+                self.replies[index] = generate(client, self.url, self.prompt, self.tokens)
         except BaseException as error:  # re-raised by finish()
             self.replies[index] = error
 
