@@ -1,14 +1,19 @@
 """Seconds per held-out evaluation: ``env.py evaluate`` (what atropos-local runs before and
-after training) against the embedded server, the shared prompt beginning off (the old
-prefill) and on, one after the other in one run, and whether the answers are the same.
+after training) against the embedded server, two ways one after the other in one run, and
+whether the answers are the same:
+
+- ``--compare prefill`` (default): the shared prompt beginning off (the old prefill), then on;
+- ``--compare batch``: the server's default batch (64 rows, 64 evaluation requests at once),
+  then every problem in one batch (what learning_vs_trl.py's evaluator uses).
 
     python benchmarks/held_out_eval.py                   # the demo's 200 problems
     python benchmarks/held_out_eval.py --eval-size 50 --threads 1
+    python benchmarks/held_out_eval.py --compare batch --threads 2 \
+        --env-config configs/local-cpu-three-sums-env.yaml --model runs/…/checkpoints/step-23
 
-Each side starts its own server (``--no-share-prompt-prefixes`` for the old one) on a free
-port; the seconds are the evaluator's own ``total_evaluation_time_seconds`` (server start
-excluded). On a shared 2-core machine wall-clock figures move with the load: compare the two
-sides of one run, not runs.
+Each side starts its own server on a free port; the seconds are the evaluator's own
+``total_evaluation_time_seconds`` (server start excluded). On a shared 2-core machine
+wall-clock figures move with the load: compare the two sides of one run, not runs.
 """
 
 from __future__ import annotations
@@ -35,13 +40,18 @@ def evaluate(
     args: argparse.Namespace,
     share: bool,
     env: dict[str, str] | None = None,
+    batch: int | None = None,
 ) -> float:
-    """Start a server, run ``env.py evaluate`` on it, stop it; the evaluation's seconds."""
+    """Start a server, run ``env.py evaluate`` on it, stop it; the evaluation's seconds.
+    ``batch``: the server's ``--max-batch-size`` and the env's concurrent evaluation requests
+    (None: both defaults)."""
     port = free_port()
     flag = "--share-prompt-prefixes" if share else "--no-share-prompt-prefixes"
+    server_batch = [] if batch is None else ["--max-batch-size", str(batch)]
+    env_batch = [] if batch is None else ["--openai.num_requests_for_eval", str(batch)]
     server = subprocess.Popen(
         [sys.executable, "-m", "atroposlib.inference", "--model", model, "--port", str(port),
-         "--served-model-name", "default", "--threads", str(args.threads), flag],
+         "--served-model-name", "default", "--threads", str(args.threads), flag, *server_batch],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     try:
@@ -50,7 +60,7 @@ def evaluate(
             [sys.executable, str(ROOT / "environments/reasoning_gym/env.py"), "evaluate",
              "--config", str(ROOT / args.env_config),
              "--openai.base_url", f"http://127.0.0.1:{port}/v1",
-             "--openai.model_name", "default", "--openai.server_type", "embedded",
+             "--openai.model_name", "default", "--openai.server_type", "embedded", *env_batch,
              "--env.tokenizer_name", model, "--env.max_token_length", "256",
              "--env.eval_size", str(args.eval_size), "--env.data_dir_to_save_evals", str(out)],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -73,21 +83,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--env-config", default="configs/local-cpu-env.yaml")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compare", choices=["prefill", "batch"], default="prefill")
+    parser.add_argument("--model", default=None, help="Folder to serve (default: test model).")
     return parser.parse_args(argv)
 
 
 def main() -> None:
     args = parse_args()
-    model = str(ensure_test_model())
+    model = args.model or str(ensure_test_model())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.compare == "prefill":
+        labels = ("old prefill (every prompt whole)", "shared prompt beginning")
+        (old_share, old_batch), (new_share, new_batch) = (False, None), (True, None)
+    else:
+        labels = ("server's default batch (64)", f"one batch of {args.eval_size}")
+        (old_share, old_batch), (new_share, new_batch) = (True, None), (True, args.eval_size)
     with tempfile.TemporaryDirectory() as tmp:
-        old = evaluate(model, Path(tmp) / "old", args, share=False)
-        new = evaluate(model, Path(tmp) / "new", args, share=True)
+        old = evaluate(model, Path(tmp) / "old", args, share=old_share, batch=old_batch)
+        new = evaluate(model, Path(tmp) / "new", args, share=new_share, batch=new_batch)
         before, after = replies(Path(tmp) / "old"), replies(Path(tmp) / "new")
     same = sum(before[key] == after.get(key) for key in before)
-    print(f"held-out eval, {args.eval_size} problems, {args.threads} torch thread(s)")
-    print(f"  old prefill (every prompt whole):   {old:6.1f} s")
-    print(f"  shared prompt beginning:            {new:6.1f} s   ({old / new:.1f}x)")
+    print(f"held-out eval, {args.eval_size} problems, {args.threads} torch thread(s), {model}")
+    print(f"  {labels[0] + ':':<38}{old:6.1f} s")
+    print(f"  {labels[1] + ':':<38}{new:6.1f} s   ({old / new:.2f}x)")
     print(f"  same replies: {same} / {len(before)}")
 
 

@@ -198,12 +198,16 @@ def served_greedy_answers(
     out_dir.mkdir(parents=True, exist_ok=True)
     port, log_path = free_port(), out_dir / "server.log"
     size = len(task.held_out) if eval_size is None else eval_size
+    # Every problem in one batch: same replies, 1.2-1.35x faster on sums than the server's
+    # default 64 rows, ~1.08x on three sums (benchmarks/README.md, held_out_eval.py).
+    batch = str(min(size, 256))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ATROPOS_API_KEY", None)  # a private server on a free port, for this one evaluation
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "atroposlib.inference", "--model", str(model_dir),
-             "--port", str(port), "--served-model-name", "default", "--threads", str(threads)],
+             "--port", str(port), "--served-model-name", "default", "--threads", str(threads),
+             "--max-batch-size", batch],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
         )  # fmt: skip
     try:
@@ -213,7 +217,7 @@ def served_greedy_answers(
             [sys.executable, str(ENV_SCRIPT), "evaluate", "--config", str(task.env_config),
              "--openai.base_url", f"http://127.0.0.1:{port}/v1",
              "--openai.model_name", "default", "--openai.server_type", "embedded",
-             "--env.tokenizer_name", str(model_dir),
+             "--openai.num_requests_for_eval", batch, "--env.tokenizer_name", str(model_dir),
              "--env.max_token_length", str(LocalRunSettings().max_token_len),
              "--env.seed", str(task.config.seed), "--env.eval_size", str(size),
              "--env.data_dir_to_save_evals", str(out_dir)],

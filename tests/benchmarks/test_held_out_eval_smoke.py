@@ -24,3 +24,18 @@ def test_the_evaluator_answers_the_same_with_the_shared_prompt_beginning(
     assert len(before) == 12 and old > 0 and new > 0
     assert after == before
     assert len(set(after.values())) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_the_evaluator_answers_the_same_with_every_problem_in_one_batch(
+    tmp_path: Path, test_model_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``--compare batch``: a server batch of 4 rows with 4 requests at once against one batch
+    of all 12 problems (learning_vs_trl.py's evaluator) gives the same greedy replies."""
+    args = parse_args(["--eval-size", "12", "--compare", "batch"])
+    model = str(test_model_path)
+    evaluate(model, tmp_path / "small", args, share=True, env=subprocess_env, batch=4)
+    evaluate(model, tmp_path / "whole", args, share=True, env=subprocess_env, batch=12)
+    small, whole = replies(tmp_path / "small"), replies(tmp_path / "whole")
+    assert len(small) == 12 and whole == small
