@@ -82,11 +82,17 @@ class Rollouts:
         return self.group
 
 
+def freeze(url: str) -> None:
+    """Stop generation where it is (``/pause?mode=keep``); requests sent meanwhile wait."""
+    httpx.post(f"{url}/pause", params={"mode": "keep"}).raise_for_status()
+
+
 def hold_mid_generation(url: str, sequences: int, tokens: int = 4, timeout: float = 120) -> None:
-    """Once ``sequences`` are running and have sampled ``tokens`` decode steps since, freeze
-    them where they are (``/pause?mode=keep``), so they are still mid-generation when the
-    trainer's push comes on a machine of any speed; the push's own pause and resume (in its
-    mode) take over from there."""
+    """Step a frozen server (:func:`freeze` before the requests are sent) until ``sequences``
+    run and have sampled ``tokens`` decode steps since, and leave it frozen with them
+    mid-generation for the trainer's push, whose own pause and resume take over. Each step
+    resumes generation for 50 ms and freezes it again; ``/health`` is read only while frozen,
+    so a slow answer on a loaded machine cannot let the replies end between two looks."""
     deadline = time.monotonic() + timeout
     first_step: int | None = None
     while time.monotonic() < deadline:
@@ -94,9 +100,11 @@ def hold_mid_generation(url: str, sequences: int, tokens: int = 4, timeout: floa
         if health["sequences_running"] >= sequences:
             first_step = health["decode_steps"] if first_step is None else first_step
             if health["decode_steps"] - first_step >= tokens:
-                httpx.post(f"{url}/pause", params={"mode": "keep"}).raise_for_status()
                 return
+        httpx.post(f"{url}/resume").raise_for_status()
         time.sleep(0.05)
+        freeze(url)
+    httpx.post(f"{url}/resume")
     raise AssertionError(f"{sequences} sequences never ran together: {health}")
 
 
@@ -145,6 +153,7 @@ def test_keep_mode_updates_weights_under_rollouts_and_the_trainer_sees_their_ver
 
     def batches(step: int) -> list[dict[str, Any]]:
         if step == 1:  # the push after this step lands while the rollouts generate
+            freeze(url)
             rollouts.start()
             hold_mid_generation(url, IN_FLIGHT)
             return [warmup.model_dump(mode="json")]
@@ -234,6 +243,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
         sync_pause="abort", sync_transport="shm", save_dir=tmp_path / "run",
     )  # fmt: skip
     sync = sync_for(cfg)
+    freeze(url)
     rollouts = Rollouts(url, tokenizer, IN_FLIGHT, REPLY_TOKENS).start()
     hold_mid_generation(url, IN_FLIGHT)
     report = push_weights(sync, model, None, tmp_path / "unused", lambda: None, step=1)

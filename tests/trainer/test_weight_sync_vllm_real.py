@@ -31,6 +31,7 @@ from vllm_sync_testlib import (
     PROMPT_IDS,
     InFlight,
     checksums,
+    freeze,
     greedy,
     greedy_margins,
     hand_logprobs,
@@ -143,6 +144,7 @@ def test_keep_mode_finishes_frozen_replies_on_the_new_weights(
     old = version(url)
     model = perturb(load_model(model_path()), seed=3)
     sync = live_sync(url, "shm", "keep", tmp_path)
+    freeze(url)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
     hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
     step = next_version()
@@ -176,6 +178,7 @@ def test_wait_mode_lets_replies_finish_before_the_update(
     prompt = story_prompt(model_path())
     old = version(url)
     sync = live_sync(url, "shm", "wait", tmp_path)
+    freeze(url)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
     hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
     httpx.post(f"{url}/resume").raise_for_status()  # running again when the push pauses
@@ -229,6 +232,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
             return None
 
         thread = threading.Thread(target=run, daemon=True)
+        freeze(url)
         thread.start()
         hold_mid_generation(url, IN_FLIGHT, ended)
         sync = live_sync(url, "shm", "abort", tmp_path)

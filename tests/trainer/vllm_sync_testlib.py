@@ -186,19 +186,46 @@ def _metric(text: str, name: str) -> float:
     return sum(float(v) for v in values)
 
 
+def freeze(url: str) -> None:
+    """Stop generation where it is (``/pause?mode=keep``); requests sent meanwhile wait."""
+    httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+
+
 def hold_mid_generation(
     url: str,
     running: int,
     ended: Callable[[], str | None] = lambda: None,
     tokens: int = 4,
     timeout: float = 300,
+    step_s: float = 0.05,
 ) -> None:
-    """Once ``running`` requests run and have each sampled about ``tokens`` more, freeze them
-    where they are (``/pause?mode=keep``), so they are mid-generation when the push comes on a
-    machine of any speed; the push's own pause and resume take over from there.
+    """Step a frozen server until ``running`` requests run and have each sampled about
+    ``tokens`` more, and leave it frozen (``/pause?mode=keep``) with them mid-generation; the
+    push's own pause and resume take over from there.
+
+    Call :func:`freeze` before sending the requests. Each step resumes generation for
+    ``step_s`` and freezes it again, and the metrics are read only while frozen, so a slow
+    answer from ``/metrics`` on a loaded machine cannot let the replies run to their end
+    between two looks (it did once in CI, when this polled a running server: its first
+    ``/metrics`` answer came after all six replies had ended).
 
     ``ended`` says what ended if a request already has (finished or failed): then it is too
     late to hold them all, and the error says why at once instead of waiting ``timeout``."""
+    try:
+        _step_until_running(url, running, ended, tokens, timeout, step_s)
+    except BaseException:
+        httpx.post(f"{url}/resume", timeout=60)  # not frozen for the tests after this one
+        raise
+
+
+def _step_until_running(
+    url: str,
+    running: int,
+    ended: Callable[[], str | None],
+    tokens: int,
+    timeout: float,
+    step_s: float,
+) -> None:
     deadline = time.monotonic() + timeout
     first: float | None = None
     seen = ""
@@ -210,9 +237,10 @@ def hold_mid_generation(
             generated = _metric(seen, "vllm:generation_tokens_total")
             first = generated if first is None else first
             if generated - first >= running * tokens:
-                httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
                 return
-        time.sleep(0.05)
+        httpx.post(f"{url}/resume", timeout=60).raise_for_status()
+        time.sleep(step_s)
+        freeze(url)
     running_now = _metric(seen, "vllm:num_requests_running")
     raise AssertionError(f"{running} requests never ran together (last seen: {running_now})")
 
