@@ -4,7 +4,7 @@ whether the answers are the same:
 
 - ``--compare prefill`` (default): the shared prompt beginning off (the old prefill), then on;
 - ``--compare batch``: the server's default batch (64 rows, 64 evaluation requests at once),
-  then every problem in one batch (what learning_vs_trl.py's evaluator uses).
+  then every problem in one batch, at most 256 (what learning_vs_trl.py's evaluator uses).
 
     python benchmarks/held_out_eval.py                   # the demo's 200 problems
     python benchmarks/held_out_eval.py --eval-size 50 --threads 1
@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from atroposlib.localrun.components import free_port  # noqa: E402
 from atroposlib.utils.test_model import ensure_test_model  # noqa: E402
+from benchmarks.learning_systems import ONE_BATCH_MAX  # noqa: E402
 from benchmarks.serving import wait_until_healthy  # noqa: E402
 
 
@@ -96,8 +97,9 @@ def main() -> None:
         labels = ("old prefill (every prompt whole)", "shared prompt beginning")
         (old_share, old_batch), (new_share, new_batch) = (False, None), (True, None)
     else:
-        labels = ("server's default batch (64)", f"one batch of {args.eval_size}")
-        (old_share, old_batch), (new_share, new_batch) = (True, None), (True, args.eval_size)
+        one_batch = min(args.eval_size, ONE_BATCH_MAX)
+        labels = ("server's default batch (64)", f"batches of {one_batch}")
+        (old_share, old_batch), (new_share, new_batch) = (True, None), (True, one_batch)
     with tempfile.TemporaryDirectory() as tmp:
         old = evaluate(model, Path(tmp) / "old", args, share=old_share, batch=old_batch)
         new = evaluate(model, Path(tmp) / "new", args, share=new_share, batch=new_batch)

@@ -37,6 +37,8 @@ from benchmarks.serving import wait_until_healthy
 REPO = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = REPO / "environments" / "reasoning_gym" / "env.py"
 ENV_CONFIG = REPO / "configs" / "local-cpu-env.yaml"
+# held-out problems served in one batch, at most (the server refuses rows over 1024)
+ONE_BATCH_MAX = 256
 TASKS = {
     "sums": ENV_CONFIG,
     "three_sums": REPO / "configs" / "local-cpu-three-sums-env.yaml",
@@ -200,7 +202,7 @@ def served_greedy_answers(
     size = len(task.held_out) if eval_size is None else eval_size
     # Every problem in one batch: same replies, 1.2-1.35x faster on sums than the server's
     # default 64 rows, ~1.08x on three sums (benchmarks/README.md, held_out_eval.py).
-    batch = str(min(size, 256))
+    batch = str(min(size, ONE_BATCH_MAX))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ATROPOS_API_KEY", None)  # a private server on a free port, for this one evaluation
     with open(log_path, "wb") as log:
