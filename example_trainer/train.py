@@ -191,6 +191,7 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         # ---- forward / backward over micro-batches, then one optimizer step ----------------
         done = optimizer_step(cfg, run, groups, role_baselines, step, device)
         role_baselines = done.role_baselines
+        t_trained = time.perf_counter()
 
         # ---- metrics ----------------------------------------------------------------------
         row: dict[str, float] = {
@@ -199,6 +200,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             "train/grad_norm": done.grad_norm,
             "train/skipped": float(done.trained_tokens == 0),
             "train/data_wait_s": t_data,
+            "time/forward_backward_s": done.forward_backward_s,
+            "time/optimizer_s": done.optimizer_s,
+            "time/train_s": t_trained - t0 - t_data,
             **loss_metrics(done.sums),
             **throughput_metrics(done.lengths, done.plan, time.perf_counter() - t0),
             **data_metrics(done.stats, done.lags, step),
@@ -211,15 +215,19 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
             log_step(step, row)
 
         # ---- save + acknowledge, then push weights ----------------------------------------
+        t_save = time.perf_counter()
         checkpoint = save_and_ack(cfg, run, step, client, role_baselines, rank, world, final_step)
+        after_step, failed = {"time/checkpoint_s": time.perf_counter() - t_save}, None
         if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
             metrics, failed = push_to_inference(cfg, run, sync, step, checkpoint, rank, world)
-            if rank == 0:
-                tracker.log(metrics, step=step)
-                history[-1].update(metrics)
-            if failed is not None:  # on every rank, not only rank 0
-                close_all(sync, tracker, client if rank == 0 else None)  # shm blocks too
-                raise WeightSyncError(failed)
+            after_step.update(metrics)
+        after_step["time/step_end_unix_s"] = time.time()  # lines a profile up with other logs
+        history[-1].update(after_step)
+        if rank == 0:
+            tracker.log(after_step, step=step)
+        if failed is not None:  # on every rank, not only rank 0
+            close_all(sync, tracker, client if rank == 0 else None)  # shm blocks too
+            raise WeightSyncError(failed)
         if world > 1:
             dist.barrier()
         if final_step:
@@ -255,6 +263,8 @@ class StepDone:
 
     sums: dict[str, float]
     grad_norm: float
+    forward_backward_s: float
+    optimizer_s: float  # gradient clipping, AdamW, schedule
     trained_tokens: int
     lengths: list[int]  # the sequences that went through forward/backward
     plan: MicroBatchPlan
@@ -283,7 +293,9 @@ def optimizer_step(
     mine = shard_plan(plan.entries, plan.costs, world, rank)
     n_micro = max(len(shard_plan(plan.entries, plan.costs, world, r)) for r in range(world))
 
+    started = time.perf_counter()
     sums = forward_backward(cfg, run, samples, mine, n_micro, totals, world, device)
+    backward_done = time.perf_counter()
     grad_norm = nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm)
     if totals.tokens > 0:  # an all-masked batch would still move AdamW's momentum
         run.optimizer.step()
@@ -292,6 +304,8 @@ def optimizer_step(
     return StepDone(
         summed_over_ranks(sums, world),
         float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+        backward_done - started,
+        time.perf_counter() - backward_done,
         int(totals.tokens),
         [len(s.tokens) for s in samples],
         plan,
@@ -558,8 +572,15 @@ def push_to_inference(
         write = partial(
             write_pushed_weights, run.model, folder, run.tokenizer, merged, weights, checkpoint
         )
-        report = push_weights(sync, run.model, weights, folder, write, step)
-        metrics = report.metrics()
+        written_s: list[float] = []
+
+        def timed_write() -> None:
+            started = time.perf_counter()
+            write()
+            written_s.append(time.perf_counter() - started)
+
+        report = push_weights(sync, run.model, weights, folder, timed_write, step)
+        metrics = {**report.metrics(), "sync/write_seconds": sum(written_s)}
         failed = report if report.failed else None
         prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)
     return metrics, broadcast(failed, world)

@@ -20,8 +20,8 @@ from atroposlib.inference.kv_cache import PrefixSharedCache, SharedPrefix
 from atroposlib.inference.prompt_prefix import (
     MIN_SHARED_TOKENS,
     Context,
+    beginning_to_continue,
     common_prefix_length,
-    live_prefix_of,
     run_tails,
 )
 from atroposlib.inference.sampling import sample_next
@@ -34,6 +34,8 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 _COMPATIBILITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+KEPT_PREFIXES = 4
+"""Computed prompt beginnings kept for the next requests when no running row holds them."""
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -107,6 +109,7 @@ class ModelRunner:
         self._prefixes: weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix] = (
             weakref.WeakValueDictionary()
         )  # contexts some running row shares, by their tokens
+        self._latest_prefixes: list[SharedPrefix] = []  # kept alive between requests
         self.model = load_model(model_path, device, self.dtype)
         self.vocab_size = int(self.model.config.vocab_size)
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -157,20 +160,22 @@ class ModelRunner:
     def _prefill_shared(self, rows: list[Sequence], contexts: list[tuple[int, ...]]) -> ActiveBatch:
         """Prefill for the fast path: a context of several rows becomes a
         :class:`SharedPrefix` (or reuses a running one computed by the same weights); a
-        context of one row is that row's private cache, after the beginning it shares with
-        other prompts when ``share_prompt_prefixes`` finds one (:meth:`_continued_prefixes`)."""
+        context of one row is that row's private cache. With ``share_prompt_prefixes``, a
+        context that begins like a prompt already computed (a GRPO env's next group after
+        the same worked examples) or like the other new ones runs only its tail after that
+        beginning, and its rows keep the tail privately (:meth:`_continued_prefixes`)."""
         counts: dict[tuple[int, ...], int] = {}
         for context in contexts:
             counts[context] = counts.get(context, 0) + 1
         shared: dict[tuple[int, ...], SharedPrefix] = {}
         for context in counts:
             running = self._prefixes.get(context)
-            if running is not None and running.generation == self.weights_generation:
+            if running is not None and self._current(running) and running.last_logits is not None:
                 shared[context] = running
         fresh = [context for context in counts if context not in shared]
         continued: dict[Context, SharedPrefix] = {}
         if self.share_prompt_prefixes:
-            continued = self._continued_prefixes([c for c in fresh if counts[c] == 1])
+            continued = self._continued_prefixes(fresh)
             fresh = [context for context in fresh if context not in continued]
         private: dict[tuple[int, ...], Tensor] = {}
         logits_of: dict[tuple[int, ...], Tensor] = {}
@@ -178,18 +183,21 @@ class ModelRunner:
             cache, _, logits = self._run_contexts(fresh)
             for i, context in enumerate(fresh):
                 kv = context_kv(cache, i, len(context))
+                prefix = SharedPrefix(
+                    context, kv[0], kv[1], self.weights_generation, logits[i].clone()
+                )
                 if counts[context] > 1:
-                    prefix = SharedPrefix(
-                        context, kv[0], kv[1], self.weights_generation, logits[i].clone()
-                    )
-                    shared[context] = self._prefixes[context] = prefix
+                    shared[context] = self._remember(prefix)
                 else:
                     private[context], logits_of[context] = kv, logits[i]
+                    if self.share_prompt_prefixes:  # a beginning for the next prompts
+                        self._remember(prefix)
         for prefix, tails in _grouped(continued):
             kvs, tail_logits = run_tails(self.model, prefix, tails, self.pad_token_id)
             for i, context in enumerate(tails):
                 private[context], logits_of[context] = kvs[i], tail_logits[i]
         for context, prefix in shared.items():
+            assert prefix.last_logits is not None
             logits_of[context] = prefix.last_logits
         kv_cache = empty_cache(self.model, torch.device(self.device))
         prefixes = [shared.get(c) or continued.get(c) for c in contexts]
@@ -200,24 +208,38 @@ class ModelRunner:
         self._sample_into(batch, torch.stack([logits_of[c] for c in contexts]))
         return batch
 
-    def _continued_prefixes(self, lone: list[Context]) -> dict[Context, SharedPrefix]:
-        """The shared beginning each of ``lone`` (contexts of one row) continues: a running
-        prefix of these weights, else the beginning the rest have in common, run once now."""
-        running = list(self._prefixes.values())
+    def _current(self, prefix: SharedPrefix) -> bool:
+        return prefix.generation == self.weights_generation
+
+    def _remember(self, prefix: SharedPrefix) -> SharedPrefix:
+        """Register ``prefix`` for later requests: while a row reads it, and among the few
+        latest ones (so the next group finds its beginning even when none is running)."""
+        self._prefixes[prefix.tokens] = prefix
+        self._latest_prefixes = [
+            kept for kept in self._latest_prefixes[-(KEPT_PREFIXES - 1) :] if self._current(kept)
+        ] + [prefix]
+        return prefix
+
+    def _continued_prefixes(self, contexts: list[Context]) -> dict[Context, SharedPrefix]:
+        """The computed beginning each of ``contexts`` continues: one of these weights (a
+        running or latest prefix, or the beginning it shares with one of them, a view of its
+        keys), else the beginning the rest have in common, run once now."""
         found: dict[Context, SharedPrefix] = {}
-        for context in lone:
-            prefix = live_prefix_of(context, running, self.weights_generation)
-            if prefix is not None and len(prefix.tokens) >= MIN_SHARED_TOKENS:
+        for context in contexts:
+            known = list(self._prefixes.values())
+            prefix = beginning_to_continue(context, known, self.weights_generation)
+            if prefix is not None:
                 found[context] = prefix
-        rest = [context for context in lone if context not in found]
+                if prefix.tokens not in self._prefixes:
+                    self._remember(prefix)
+        rest = [context for context in contexts if context not in found]
         length = common_prefix_length(rest) if len(rest) > 1 else 0
         if length >= MIN_SHARED_TOKENS:
             tokens = rest[0][:length]
             cache, _, logits = self._run_contexts([tokens])
             kv = context_kv(cache, 0, length)
             prefix = SharedPrefix(tokens, kv[0], kv[1], self.weights_generation, logits[0].clone())
-            self._prefixes[tokens] = prefix
-            found.update(dict.fromkeys(rest, prefix))
+            found.update(dict.fromkeys(rest, self._remember(prefix)))
         return found
 
     def _run_contexts(self, contexts: list[tuple[int, ...]]) -> tuple[DynamicCache, Tensor, Tensor]:

@@ -35,8 +35,19 @@ class SharedPrefix:
     values: Tensor
     generation: int
     """The weights that computed it (:attr:`ModelRunner.weights_generation`)."""
-    last_logits: Tensor
-    """(V,): the distribution of the token after it, for rows that join later."""
+    last_logits: Tensor | None
+    """(V,): the distribution of the token after it, for rows that join later (None for a
+    beginning cut from a longer prefix: only continued, never sampled from)."""
+
+    def cut(self, length: int) -> SharedPrefix:
+        """Its first ``length`` tokens, their keys and values a view of these."""
+        return SharedPrefix(
+            self.tokens[:length],
+            self.keys[:, :, :length],
+            self.values[:, :, :length],
+            self.generation,
+            None,
+        )
 
 
 class PrefixSharedCache:

@@ -8,7 +8,10 @@ it would in one forward), and each row keeps only its tail as private keys and v
 CPU this cuts the prefill of a few-shot evaluation several times; the decode step reads the
 shared beginning once per step for all its rows.
 
-A prompt joining later reuses a live prefix of the same weights when it starts with it.
+A prompt joining later reuses a computed prefix of the same weights when it starts with it,
+or the beginning it shares with one (a view of that prefix's keys, nothing recomputed): a GRPO
+env's groups repeat the same worked examples before a new question, so each group after the
+first runs only its question.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from atroposlib.inference.kv_cache import SharedPrefix
 
 MIN_SHARED_TOKENS = 32
 """A shorter common beginning is not worth a separate forward."""
+SNAP_TOKENS = 16
+"""A prompt continues a whole computed prefix rather than cut a new beginning from one unless
+the cut would be longer by more than this (fewer distinct prefixes for the decode step)."""
 TAIL_ROWS_PER_FORWARD = 16
 """Tails run together after one prefix (each holds a copy of its keys while it runs)."""
 
@@ -60,6 +66,44 @@ def live_prefix_of(
         if context[:length] == prefix.tokens and (best is None or length > len(best.tokens)):
             best = prefix
     return best
+
+
+def shared_length(context: Context, tokens: Context) -> int:
+    """Tokens ``context`` and ``tokens`` start with, leaving ``context`` one of its own.
+
+    >>> shared_length((1, 2, 3, 4), (1, 2, 5))
+    2
+    >>> shared_length((1, 2), (1, 2, 3))
+    1
+    """
+    limit = min(len(context) - 1, len(tokens))
+    length = 0
+    while length < limit and context[length] == tokens[length]:
+        length += 1
+    return length
+
+
+def beginning_to_continue(
+    context: Context, known: Sequence[SharedPrefix], generation: int
+) -> SharedPrefix | None:
+    """The computed beginning ``context`` should run its tail after, or None when it shares
+    fewer than ``MIN_SHARED_TOKENS`` with every prefix of the current weights in ``known``.
+
+    The longest known prefix that ``context`` continues whole, unless one of them shares a
+    beginning longer by more than ``SNAP_TOKENS`` with it: then that beginning, cut from it.
+    """
+    current = [prefix for prefix in known if prefix.generation == generation]
+    whole = live_prefix_of(context, current, generation)
+    longest, source = 0, None
+    for prefix in current:
+        length = shared_length(context, prefix.tokens)
+        if length > longest:
+            longest, source = length, prefix
+    if whole is not None and len(whole.tokens) >= max(MIN_SHARED_TOKENS, longest - SNAP_TOKENS):
+        return whole
+    if source is None or longest < MIN_SHARED_TOKENS:
+        return None
+    return source if longest == len(source.tokens) else source.cut(longest)
 
 
 @torch.inference_mode()

@@ -16,8 +16,11 @@ from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.kv_cache import PrefixSharedCache, SharedPrefix
 from atroposlib.inference.prompt_prefix import (
     MIN_SHARED_TOKENS,
+    SNAP_TOKENS,
+    beginning_to_continue,
     common_prefix_length,
     live_prefix_of,
+    shared_length,
 )
 from atroposlib.inference.sampling import SamplingParams
 from tests.environments.envcat_testlib import REPO_ROOT, load_env_module
@@ -50,6 +53,50 @@ def test_a_live_prefix_is_reused_only_when_the_context_continues_it_under_its_we
     assert live_prefix_of((1, 2, 3), running, generation=1) is short  # never the whole context
     assert live_prefix_of((7, 2, 3), running, generation=1) is None
     assert live_prefix_of((1, 2, 3, 4, 5), [stale], generation=1) is None
+
+
+def _keyed_prefix(tokens: tuple[int, ...], generation: int = 1) -> SharedPrefix:
+    """A prefix whose keys at position i hold i (to check which positions a cut keeps)."""
+    keys = torch.arange(len(tokens), dtype=torch.float32).view(1, 1, -1, 1)
+    return SharedPrefix(tokens, keys, keys.clone(), generation, torch.zeros(3))
+
+
+def test_shared_length_leaves_the_context_a_token_of_its_own() -> None:
+    assert shared_length((1, 2, 3), (1, 2, 3, 4)) == 2
+    assert shared_length((1, 2, 3, 4), (1, 2, 3)) == 3
+    assert shared_length((9, 2), (1, 2)) == 0
+
+
+def test_a_new_group_continues_the_beginning_it_shares_with_an_earlier_prompt() -> None:
+    examples = tuple(range(100, 100 + MIN_SHARED_TOKENS + 20))  # the worked examples
+    earlier = _keyed_prefix((*examples, 7, 8, 9))  # an earlier group's whole prompt
+    context = (*examples, 5, 6)  # the next question
+    found = beginning_to_continue(context, [earlier], generation=1)
+    assert found is not None and found.tokens == examples
+    assert found.last_logits is None  # a cut is continued, never sampled from
+    assert found.keys.shape[2] == len(examples)
+    assert found.keys.data_ptr() == earlier.keys.data_ptr()  # a view: nothing recomputed
+    assert found.keys[0, 0, :, 0].tolist() == list(range(len(examples)))
+
+
+def test_a_whole_prefix_is_preferred_unless_a_cut_is_much_longer() -> None:
+    examples = tuple(range(100, 100 + MIN_SHARED_TOKENS + 40))
+    whole = _keyed_prefix(examples[: -SNAP_TOKENS - 1])  # continued whole by the context
+    near = _keyed_prefix((*examples[:-1], 1))  # shares SNAP_TOKENS more tokens
+    far = _keyed_prefix((*examples, 1))  # shares SNAP_TOKENS + 1 more
+    context = (*examples, 2, 3)
+    assert beginning_to_continue(context, [whole, near], generation=1) is whole
+    found = beginning_to_continue(context, [whole, far], generation=1)
+    assert found is not None and found.tokens == examples
+
+
+def test_no_beginning_from_other_weights_or_too_short_a_match() -> None:
+    examples = tuple(range(100, 100 + MIN_SHARED_TOKENS + 5))
+    stale = _keyed_prefix((*examples, 7), generation=0)
+    short = _keyed_prefix((*examples[: MIN_SHARED_TOKENS - 1], 9))
+    context = (*examples, 5)
+    assert beginning_to_continue(context, [stale], generation=1) is None
+    assert beginning_to_continue(context, [short], generation=1) is None
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +165,41 @@ def test_the_held_out_answers_are_the_same_with_the_shared_beginning(runner: Mod
     after = greedy_texts(runner, prompts, share=True)
     assert after == before
     assert len(set(after)) > 1  # the replies answer different problems
+
+
+def sampled_groups(runner: ModelRunner, prompts: list[list[int]], share: bool) -> list[str]:
+    """Groups of 4 greedy replies, each group prefilled after the previous one started (as a
+    GRPO env's requests arrive), every row decoded to its end."""
+    runner.share_prompt_prefixes = share
+    runner.weights_generation += 1  # nothing computed before counts
+    groups = [
+        [Sequence(ids, SamplingParams(max_new_tokens=16, temperature=0)) for _ in range(4)]
+        for ids in prompts
+    ]
+    batch = runner.prefill(groups[0])
+    first_prefix = batch.cache.prefixes() if share else []
+    for group in groups[1:]:
+        runner.decode(batch)
+        joined = runner.prefill(group)
+        if share:  # the new group runs its question only, after the examples computed once
+            assert isinstance(joined.cache, PrefixSharedCache)
+            (prefix,) = joined.cache.prefixes()
+            assert prefix.last_logits is None  # a cut of the first group's prompt
+            assert prefix.keys.data_ptr() == first_prefix[0].keys.data_ptr()
+            assert len(prefix.tokens) >= common_prefix_length(prompts) >= MIN_SHARED_TOKENS
+            assert len(prefix.tokens) < len(group[0].context_ids)
+        batch.merge(joined)
+    _decode_to_the_end(runner, batch)
+    return [row.text or "" for group in groups for row in group]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_groups_that_continue_an_earlier_groups_beginning_answer_the_same(
+    runner: ModelRunner,
+) -> None:
+    prompts = held_out_prompts(runner, 4)
+    before = sampled_groups(runner, prompts, share=False)
+    after = sampled_groups(runner, prompts, share=True)
+    assert after == before
+    assert len(set(after)) > 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +242,18 @@ def test_a_time_limit_stops_after_the_step_it_runs_out_in_and_saves_it(
     assert history[0]["train/elapsed_s"] > 0
     assert client.acks == [1]  # the last step is saved (and acknowledged) like a final one
     assert (tmp_path / "step-1").is_dir()
+
+
+def test_each_step_reports_where_its_time_went(tiny_model: Path, tmp_path: Path) -> None:
+    """benchmarks/demo_profile.py reads these from metrics.jsonl."""
+    metrics = tmp_path / "metrics.jsonl"
+    args = base_args(tiny_model, tmp_path, "--num-steps", "2", "--save-interval", "2")
+    client = ListClient(fixed(make_batch(seed=3)))
+    history = train(load_config([*args, "--metrics-file", str(metrics)]), client)
+    for row in history:
+        assert row["time/forward_backward_s"] > 0 and row["time/optimizer_s"] > 0
+        assert row["time/train_s"] >= row["time/forward_backward_s"] + row["time/optimizer_s"]
+    assert history[1]["time/checkpoint_s"] > history[0]["time/checkpoint_s"]  # saved at step 2
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    ends = [line["time/step_end_unix_s"] for line in lines if "time/step_end_unix_s" in line]
+    assert len(ends) == 2 and ends[0] < ends[1] <= time.time()
