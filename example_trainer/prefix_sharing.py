@@ -8,6 +8,11 @@ alone: a prefix token attends causally within its prefix, a suffix token to its 
 and causally within its own suffix; nothing crosses trees, and padding attends only to itself
 (a query with nothing to attend to would be NaN in SDPA).
 
+Groups whose prompts begin alike (a few-shot env's worked examples before each new question)
+nest: that beginning once, then each group's rest of its prompt once, then its members'
+suffixes (the radix tree of the prompts, ``plan_trees``). A position attends causally within
+its own segment and to every segment on its path from the root.
+
 Only the part before a sequence's first trained token is shared (prompts are never trained;
 a multi-turn sequence keeps its later prompt turns in its suffix), and every suffix keeps at
 least one token. The prefix's last position predicts every member's first suffix token: one
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 import torch
@@ -35,11 +39,16 @@ from example_trainer.data import MicroBatch, PackedRows, Sample, collate
 @dataclass(frozen=True)
 class Tree:
     """Samples (indices) that share their first ``prefix`` tokens, and the tokens the tree
-    occupies in a row: the prefix once plus each member's suffix."""
+    occupies in a row: the prefix once plus each member's suffix.
+
+    With ``branches``, the tree holds subtrees that share more (each with a longer prefix of
+    its own) instead of its members' suffixes: the prefix once, then each branch's tokens
+    after it; ``members`` lists the branches' members in their order."""
 
     prefix: int
     members: tuple[int, ...]
     tokens: int
+    branches: tuple[Tree, ...] = ()
 
 
 def shareable(sample: Sample) -> int:
@@ -58,87 +67,170 @@ def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
 
 
 def plan_trees(samples: Sequence[Sample], max_tokens: int) -> list[Tree]:
-    """Split the samples into trees that share the most prompt tokens in total.
+    """The samples as trees: every beginning that several samples share computed once (the
+    radix tree of their shareable prompts, :func:`radix_tree`), then each tree longer than
+    ``max_tokens`` split into copies that fit (:func:`fitted`; a single sequence may be
+    longer). Deterministic, so every rank plans the same trees."""
+    heads = [sample.tokens for sample in samples]
+    share = [shareable(sample) for sample in samples]
+    lengths = [len(sample.tokens) for sample in samples]
+    order = sorted(range(len(samples)), key=lambda i: (heads[i][: share[i]].tolist(), i))
+    trees = []
+    for run in _runs_by_token(order, heads, share, 0):
+        trees += fitted(radix_tree(run, 0, heads, share, lengths), max_tokens, lengths)
+    return trees
 
-    Sorted by their shareable prompts, sequences with a common prefix are neighbours and a
-    contiguous run shares the smallest common prefix of its neighbours; a dynamic program
-    over the runs maximises the saved tokens, sum of (members - 1) x prefix, with each tree
-    at most ``max_tokens`` long (a single sequence may be longer). Deterministic, so every
-    rank plans the same trees.
-    """
-    share = [shareable(s) for s in samples]
-    order = sorted(range(len(samples)), key=lambda i: (samples[i].tokens[: share[i]].tolist(), i))
-    lengths = [len(samples[i].tokens) for i in order]
-    neighbours = [  # neighbours[k]: common prefix of order[k] and order[k + 1]
-        common_prefix(samples[a].tokens, samples[b].tokens, min(share[a], share[b]))
-        for a, b in pairwise(order)
+
+def _runs_by_token(
+    items: Sequence[int], heads: Sequence[np.ndarray], share: Sequence[int], at: int
+) -> list[list[int]]:
+    """Consecutive (sorted) items split where their token at ``at`` changes; an item that may
+    share no more than ``at`` tokens is a run of its own."""
+    runs: list[list[int]] = []
+    previous = None
+    for i in items:
+        token = int(heads[i][at]) if share[i] > at else None
+        if token is None or token != previous or not runs:
+            runs.append([i])
+        else:
+            runs[-1].append(i)
+        previous = token
+    return runs
+
+
+def radix_tree(
+    items: Sequence[int],
+    depth: int,
+    heads: Sequence[np.ndarray],
+    share: Sequence[int],
+    lengths: Sequence[int],
+) -> Tree:
+    """The tree of ``items`` (sorted by their shareable heads, all agreeing on the first
+    ``depth`` tokens): the beginning they all share once, then a branch for each set of them
+    that shares more (a few-shot batch: the worked examples once, each group's question once,
+    then its replies)."""
+    if len(items) == 1:
+        (i,) = items
+        return Tree(share[i], (i,), lengths[i])
+    limit = min(share[i] for i in items)
+    prefix = depth + common_prefix(heads[items[0]][depth:], heads[items[-1]][depth:], limit - depth)
+    runs = _runs_by_token(items, heads, share, prefix)
+    if all(len(run) == 1 for run in runs):  # nothing more is shared: the members' suffixes
+        return Tree(prefix, tuple(items), prefix + sum(lengths[i] - prefix for i in items))
+    branches = [
+        radix_tree(run, prefix, heads, share, lengths)
+        if len(run) > 1
+        else Tree(prefix, (run[0],), lengths[run[0]])
+        for run in runs
     ]
-    saved = [0] * (len(order) + 1)  # saved[j]: the best split of order[:j]
-    start = list(range(-1, len(order)))  # start[j]: where its last tree starts
-    prefix_of = [0] + [share[i] for i in order]  # prefix_of[j]: that tree's shared prefix
-    for j in range(1, len(order) + 1):
-        saved[j], start[j] = saved[j - 1], j - 1  # order[j - 1] alone
-        prefix, tokens = share[order[j - 1]], lengths[j - 1]
-        for i in range(j - 2, -1, -1):  # the tree order[i:j]
-            prefix = min(prefix, neighbours[i])
-            tokens += lengths[i]
-            if prefix == 0 or tokens - (j - i - 1) * prefix > max_tokens:
-                break  # adding members only shrinks the prefix and grows the tree
-            if saved[i] + (j - i - 1) * prefix > saved[j]:
-                saved[j], start[j], prefix_of[j] = saved[i] + (j - i - 1) * prefix, i, prefix
-    trees: list[Tree] = []
-    j = len(order)
-    while j > 0:
-        i, prefix = start[j], prefix_of[j]
-        size = sum(lengths[i:j]) - (j - i - 1) * prefix
-        trees.append(Tree(prefix, tuple(order[i:j]), size))
-        j = i
-    return trees[::-1]
+    return _node(prefix, branches)
+
+
+def _node(prefix: int, parts: Sequence[Tree]) -> Tree:
+    """A tree of ``prefix`` tokens followed by ``parts``; plain (its members' suffixes) when
+    every part is one member continuing right after the prefix."""
+    members = tuple(i for part in parts for i in part.members)
+    size = prefix + sum(part.tokens - prefix for part in parts)
+    if all(len(part.members) == 1 and part.prefix == prefix for part in parts):
+        return Tree(prefix, members, size)
+    return Tree(prefix, members, size, tuple(parts))
+
+
+def fitted(tree: Tree, max_tokens: int, lengths: Sequence[int]) -> list[Tree]:
+    """``tree`` as copies of at most ``max_tokens`` tokens each (its prefix repeated in every
+    copy; its parts, split the same way if need be, first-fit decreasing into them)."""
+    if tree.tokens <= max_tokens or len(tree.members) == 1:
+        return [tree]
+    start = tree.prefix
+    if start >= max_tokens:  # not even the prefix fits beside a token: each member alone
+        return [Tree(start, (i,), lengths[i]) for i in tree.members]
+    parts = tree.branches or tuple(Tree(start, (i,), lengths[i]) for i in tree.members)
+    pieces = [piece for part in parts for piece in fitted(part, max_tokens, lengths)]
+    pieces.sort(key=lambda piece: (-(piece.tokens - start), piece.members[0]))
+    bins: list[list[Tree]] = []
+    loads: list[int] = []
+    for piece in pieces:
+        need = piece.tokens - start
+        for k, load in enumerate(loads):
+            if load + need <= max_tokens - start:
+                bins[k].append(piece)
+                loads[k] += need
+                break
+        else:
+            bins.append([piece])
+            loads.append(need)
+    return [_node(start, pieces_in) for pieces_in in bins]
+
+
+@dataclass
+class _Layout:
+    """Where a row's segments and each member's tokens lie in the flat (row-major) rows."""
+
+    width: int
+    ids: np.ndarray  # (R, W)
+    positions: np.ndarray  # (R, W)
+    segment: np.ndarray  # (R, W): a real segment's index, or -1 - flat index for padding
+    parents: list[int]  # per real segment: its parent segment, -1 for a root
+    paths: list[list[tuple[int, int, int]]]  # per member: (flat start, first token, end) pieces
+
+    def place(self, row: int, offset: int, tokens: np.ndarray, first: int, parent: int) -> int:
+        """Lay ``tokens`` (positions ``first``...) at ``offset`` of ``row`` as a new segment."""
+        end = offset + len(tokens)
+        self.ids[row, offset:end] = tokens
+        self.positions[row, offset:end] = np.arange(first, first + len(tokens))
+        self.segment[row, offset:end] = len(self.parents)
+        self.parents.append(parent)
+        return end
+
+    def lay(self, tree: Tree, samples: Sequence[Sample], row: int, offset: int,
+            start: int, parent: int, path: list[tuple[int, int, int]]) -> int:  # fmt: skip
+        """Tree ``tree`` from token ``start`` on (its ancestors hold the tokens before);
+        returns the offset after it."""
+        head = samples[tree.members[0]].tokens
+        segment, here = len(self.parents), row * self.width + offset
+        offset = self.place(row, offset, head[start : tree.prefix], start, parent)
+        path = [*path, (here, start, tree.prefix)]
+        if tree.branches:
+            for branch in tree.branches:
+                offset = self.lay(branch, samples, row, offset, tree.prefix, segment, path)
+            return offset
+        for i in tree.members:
+            tokens = samples[i].tokens
+            here = row * self.width + offset
+            offset = self.place(row, offset, tokens[tree.prefix :], tree.prefix, segment)
+            self.paths.append([*path, (here, tree.prefix, len(tokens))])
+        return offset
 
 
 def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> MicroBatch:
     """The padded loss tensors of ``collate`` (the trees' members in order) plus the rows:
-    prefixes once, suffixes after them, the tree attention mask, logits at trained positions."""
+    each shared segment once, suffixes after them, the tree attention mask, logits at
+    trained positions."""
     members = [samples[i] for row in rows for tree in row for i in tree.members]
     mb = collate(members)
     width = max(sum(tree.tokens for tree in row) for row in rows)
     n_rows = len(rows)
-    ids = np.zeros((n_rows, width), np.int64)
-    positions = np.zeros((n_rows, width), np.int64)
-    segment = -1 - np.arange(n_rows * width).reshape(n_rows, width)  # padding: one each
-    tree_of = segment.copy()
-    is_prefix = np.zeros((n_rows, width), bool)
-    prefix_at, suffix_at, shared = [], [], []  # per member: flat (row-major) starts, S
-    n_segments = n_trees = 0
+    layout = _Layout(
+        width,
+        np.zeros((n_rows, width), np.int64),
+        np.zeros((n_rows, width), np.int64),
+        -1 - np.arange(n_rows * width).reshape(n_rows, width),  # padding: one each
+        [],
+        [],
+    )
     for r, row in enumerate(rows):
         offset = 0
         for tree in row:
-            s = tree.prefix
-            first = samples[tree.members[0]].tokens
-            ids[r, offset : offset + s] = first[:s]
-            positions[r, offset : offset + s] = np.arange(s)
-            segment[r, offset : offset + s] = n_segments
-            tree_of[r, offset : offset + tree.tokens] = n_trees
-            is_prefix[r, offset : offset + s] = True
-            prefix_start, offset, n_segments = r * width + offset, offset + s, n_segments + 1
-            for i in tree.members:
-                tokens = samples[i].tokens
-                n = len(tokens) - s
-                ids[r, offset : offset + n] = tokens[s:]
-                positions[r, offset : offset + n] = np.arange(s, len(tokens))
-                segment[r, offset : offset + n] = n_segments
-                prefix_at.append(prefix_start)
-                suffix_at.append(r * width + offset)
-                shared.append(s)
-                offset, n_segments = offset + n, n_segments + 1
-            n_trees += 1
+            offset = layout.lay(tree, samples, r, offset, 0, -1, [])
 
     # (B, T-1): the flat position of token t of each member, the one that predicts t + 1
-    t = np.arange(mb.targets.shape[1])[None, :]
-    s_b = np.asarray(shared)[:, None]
-    flat_pos = np.where(
-        t < s_b, np.asarray(prefix_at)[:, None] + t, np.asarray(suffix_at)[:, None] + t - s_b
-    )
+    t_count = mb.targets.shape[1]
+    flat_pos = np.zeros((len(members), t_count), np.int64)
+    for b, path in enumerate(layout.paths):
+        for flat_start, first, end in path:
+            upto = min(end, t_count)
+            if upto > first:
+                flat_pos[b, first:upto] = flat_start + np.arange(upto - first)
     keep = mb.mask.numpy() > 0  # trained positions only (never t >= L_b - 1)
     wanted = flat_pos[keep]  # (E,) row-major (b, t) order
     scored = np.zeros(n_rows * width, bool)
@@ -147,24 +239,35 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
     index = np.full(keep.shape, len(wanted), np.int64)
     index[keep] = np.arange(len(wanted))
     temps = np.broadcast_to(mb.temperature.numpy()[:, None], keep.shape)
+    allowed = tree_attention(layout.segment, layout.parents)
     mb.packed = PackedRows(
-        input_ids=torch.from_numpy(ids),
-        position_ids=torch.from_numpy(positions),
-        scored=torch.from_numpy(scored.reshape(ids.shape)),
+        input_ids=torch.from_numpy(layout.ids),
+        position_ids=torch.from_numpy(layout.positions),
+        scored=torch.from_numpy(scored.reshape(layout.ids.shape)),
         targets=mb.targets[torch.from_numpy(keep)],
         temperature=torch.from_numpy(temps[keep].copy()),
         index=torch.from_numpy(index),
         kept=torch.from_numpy(rank[wanted]),
-        attention_mask=torch.from_numpy(tree_attention(segment, tree_of, is_prefix)[:, None]),
+        attention_mask=torch.from_numpy(allowed[:, None]),
     )
     return mb
 
 
-def tree_attention(segment: np.ndarray, tree_of: np.ndarray, is_prefix: np.ndarray) -> np.ndarray:
-    """(R, W, W) bool, query x key, True: may attend. Causal, and within one segment (a prefix,
-    a suffix, a padding position) or onto the query's own tree's prefix; each input is (R, W)."""
+def tree_attention(segment: np.ndarray, parents: Sequence[int]) -> np.ndarray:
+    """(R, W, W) bool, query x key, True: may attend. Causal, and within one segment (a real
+    one, or a padding position's own) or onto a segment on the query's path from its root;
+    ``segment`` is (R, W), ``parents`` each real segment's parent (-1: a root)."""
+    count = len(parents)
+    on_path = np.eye(count, dtype=bool)  # on_path[q, k]: k is q or one of q's ancestors
+    for q in range(count):
+        k = parents[q]
+        while k >= 0:
+            on_path[q, k] = True
+            k = parents[k]
     width = segment.shape[1]
     causal = np.tril(np.ones((width, width), bool))[None]  # (1, W, W)
-    same_segment = segment[:, :, None] == segment[:, None, :]
-    own_prefix = is_prefix[:, None, :] & (tree_of[:, :, None] == tree_of[:, None, :])
-    return causal & (same_segment | own_prefix)
+    real = segment >= 0
+    index = np.where(real, segment, 0)
+    lineage = on_path[index[:, :, None], index[:, None, :]] & real[:, :, None] & real[:, None, :]
+    same_segment = segment[:, :, None] == segment[:, None, :]  # padding: itself only
+    return causal & (same_segment | lineage)

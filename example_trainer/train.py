@@ -219,7 +219,9 @@ def train(cfg: TrainerConfig, client: BatchSource | None = None) -> list[dict[st
         checkpoint = save_and_ack(cfg, run, step, client, role_baselines, rank, world, final_step)
         after_step, failed = {"time/checkpoint_s": time.perf_counter() - t_save}, None
         if cfg.weight_sync != "none" and (step % cfg.sync_interval == 0 or final_step):
-            metrics, failed = push_to_inference(cfg, run, sync, step, checkpoint, rank, world)
+            metrics, failed = push_to_inference(
+                cfg, run, sync, step, checkpoint, rank, world, final_step
+            )
             after_step.update(metrics)
         after_step["time/step_end_unix_s"] = time.time()  # lines a profile up with other logs
         history[-1].update(after_step)
@@ -561,9 +563,11 @@ def push_to_inference(
     checkpoint: Path | None,
     rank: int,
     world: int,
+    final: bool = False,
 ) -> tuple[dict[str, float], Any]:
     """Push the new weights (rank 0); returns the push's metrics and, on every rank, the
-    failed report (None when the push worked)."""
+    failed report (None when the push worked). The final weights are also left as a folder
+    when the push sent tensors (hard links to the final checkpoint's files)."""
     weights = gather_full_state(run.model, None, run.sharded).model  # collective under FSDP
     failed, metrics = None, {}
     if rank == 0:
@@ -580,6 +584,8 @@ def push_to_inference(
             written_s.append(time.perf_counter() - started)
 
         report = push_weights(sync, run.model, weights, folder, timed_write, step)
+        if final and checkpoint is not None and not folder.exists():
+            timed_write()
         metrics = {**report.metrics(), "sync/write_seconds": sum(written_s)}
         failed = report if report.failed else None
         prune_steps(cfg.save_dir / "weights", cfg.keep_last_weights)

@@ -47,7 +47,11 @@ def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
     embedded = LocalRunSettings()
     assert flag(list(components.environment(layout, embedded).argv),
                 "--openai.server_type") == "embedded"  # fmt: skip
-    assert flag(list(components.trainer(layout, embedded).argv), "--weight-sync") == "disk"
+    in_flight = list(components.trainer(layout, embedded).argv)
+    assert flag(in_flight, "--weight-sync") == "embedded"  # tensors through shared memory
+    assert flag(in_flight, "--sync-transport") == "shm"
+    evaluating = LocalRunSettings(eval_every_steps=10)  # each evaluated version kept as a folder
+    assert flag(list(components.trainer(layout, evaluating).argv), "--weight-sync") == "disk"
 
 
 def test_vllm_weight_version_is_read_from_weight_info_and_its_empty_health_is_ignored(

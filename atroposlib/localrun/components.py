@@ -47,7 +47,8 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--keep-last-checkpoints", str(settings.keep_last_checkpoints),
          "--keep-last-weights", str(settings.keep_last_weights),
          "--checkpoint-optimizer-precision", settings.checkpoint_optimizer_precision,
-         *INFERENCE[settings.inference].weight_sync_args(layout),
+         *INFERENCE[settings.inference].weight_sync_args(
+             layout, keep_folders=settings.eval_every_steps > 0),
          "--metrics-file", str(layout.metrics_file),
          *(["--time-limit-s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior-logprobs", settings.behavior_logprobs,

@@ -173,6 +173,11 @@ def test_keep_mode_updates_weights_under_rollouts_and_the_trainer_sees_their_ver
     # ---- the rollouts finished on the new weights, per-token spans switching at the update
     assert httpx.get(f"{url}/weight_info").json()["weight_version"] == "2"  # after step 2
     assert history[0]["sync/failed"] == 0 and history[0]["sync/pause_seconds"] > 0
+    # tensors went in flight, no folder; the final weights are left as one (the checkpoint's)
+    weights = tmp_path / "run" / "weights"
+    assert [p.name for p in weights.iterdir()] == ["step-2"]
+    final = weights / "step-2" / "model.safetensors"
+    assert final.stat().st_ino == (tmp_path / "run" / "step-2" / "model.safetensors").stat().st_ino
     versions = versions_of(group)
     assert len(versions) == IN_FLIGHT
     for row, masks in zip(versions, group.masks, strict=True):

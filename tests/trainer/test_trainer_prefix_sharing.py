@@ -258,3 +258,114 @@ def test_a_group_longer_than_max_token_len_still_shares_one_prompt() -> None:
     (tree,) = [item for entry in plan.entries for row in entry for item in row]
     assert tree.prefix == 40 and len(tree.members) == 4
     assert plan.tokens == 40 + 4 * 12
+
+
+# ---- groups whose prompts begin alike: one more level -----------------------------------------
+
+
+def few_shot_batch(seed: int = 0) -> list[dict[str, Any]]:
+    """Four groups whose prompts share 12 worked-example tokens before a 6-token question of
+    their own (one question shares 2 more tokens with another's), and one unrelated group."""
+    rng = np.random.default_rng(seed)
+    examples = rng.integers(1, VOCAB, size=12)
+    groups = [
+        make_group(rng, [0.0, 1.0, 1.0], 18, rng.integers(2, 9, 3).tolist(), True) for _ in range(4)
+    ]
+    for group in groups:
+        for t in group["tokens"]:
+            t[:12] = examples
+    for t in groups[1]["tokens"]:  # its question begins like group 0's
+        t[12:14] = groups[0]["tokens"][0][12:14]
+    groups.append(make_group(rng, [1.0, 0.0], 10, [5, 7], True))
+    groups[-1]["tokens"][0][0] = groups[-1]["tokens"][1][0] = (examples[0] % (VOCAB - 1)) + 1
+    return groups
+
+
+def few_shot_samples(loss: LossConfig | None = None) -> list[Sample]:
+    samples, _, _ = batch_to_samples(few_shot_batch(), loss or LossConfig())
+    return samples
+
+
+def test_groups_after_the_same_examples_nest_under_them_once() -> None:
+    samples = few_shot_samples()
+    plan = micro_batch_plan(trainer_config("prefix_shared", budget=512), samples)
+    trees = [item for entry in plan.entries for row in entry for item in row]
+    nested = [tree for tree in trees if tree.branches]
+    assert len(nested) == 1 and len(trees) == 2  # the four few-shot groups; the unrelated one
+    (parent,) = nested
+    assert parent.prefix == 12  # the worked examples, once
+    assert sorted(branch.prefix for branch in parent.branches) == [14, 18, 18]
+    pair = next(branch for branch in parent.branches if branch.prefix == 14)
+    assert [branch.prefix for branch in pair.branches] == [18, 18]  # groups 0 and 1
+    assert all(
+        len(b.members) == 3 and not b.branches for b in (*pair.branches, *parent.branches[1:])
+    )
+    assert parent.members == tuple(i for b in parent.branches for i in b.members)
+    lengths = [len(s.tokens) for s in samples]
+    replies = sum(lengths[i] - 18 for i in parent.members)
+    assert parent.tokens == 12 + 2 + 2 * 4 + 2 * 6 + replies  # examples, pair, 4 questions
+    assert plan.tokens == sum(t.tokens for t in trees)
+
+
+def test_a_nested_tree_too_long_for_the_row_is_split_into_copies_that_fit() -> None:
+    samples = few_shot_samples()
+    whole = plan_trees(samples, 4096)
+    parent = next(tree for tree in whole if tree.branches)
+    cap = parent.tokens // 2 + 6
+    trees = plan_trees(samples, cap)
+    assert sorted(i for tree in trees for i in tree.members) == list(range(len(samples)))
+    assert all(tree.tokens <= cap for tree in trees)
+    copies = [tree for tree in trees if tree.prefix == 12]
+    assert len(copies) >= 2  # the examples repeated in each copy
+    assert sum(t.tokens for t in trees) > sum(t.tokens for t in whole)
+    mb = collate_trees([[tree] for tree in trees], samples)  # every copy lays out
+    assert mb.packed is not None and mb.packed.input_ids.shape[1] <= cap
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_reply_sees_the_examples_and_its_question_but_no_other_question(
+    tiny_model: Path, attn: str
+) -> None:
+    model = load(tiny_model, attn).eval()
+    samples = few_shot_samples()
+    plan = micro_batch_plan(trainer_config("prefix_shared", budget=512), samples)
+    (entry,) = plan.entries
+    parent = next(item for row in entry for item in row if item.branches)
+    mine, other = parent.branches[0], parent.branches[2]
+    reader = mine.members[0]
+
+    def reader_logp() -> torch.Tensor:
+        mb = micro_batch(trainer_config("prefix_shared", budget=512), samples, entry)
+        with torch.no_grad():
+            logp, _ = model_logprobs(model, mb)
+        assert not logp.isnan().any()
+        return logp[list(members(entry)).index(reader), : len(samples[reader].tokens) - 1]
+
+    before = reader_logp()
+    for i in other.members:  # another group's question and replies
+        samples[i].tokens[12:] = (samples[i].tokens[12:] % (VOCAB - 1)) + 1
+    torch.testing.assert_close(reader_logp(), before, atol=1e-6, rtol=0)
+    for i in mine.members:  # its own question
+        samples[i].tokens[14] = samples[i].tokens[14] % (VOCAB - 1) + 1
+    changed = reader_logp()
+    assert (changed - before).abs().max() > 1e-3
+    for i in parent.members:  # the worked examples every group reads
+        samples[i].tokens[3] = samples[i].tokens[3] % (VOCAB - 1) + 1
+    assert (reader_logp() - changed).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", MIXED_LOSSES)
+def test_nested_trees_give_the_loss_and_gradients_of_packed(tiny_model: Path, name: str) -> None:
+    loss = MIXED_LOSSES[name]
+    model = load(tiny_model)
+    samples = few_shot_samples(loss)
+    packed = one_step(model, trainer_config("packed", loss, budget=512), samples)
+    shared = one_step(model, trainer_config("prefix_shared", loss, budget=512), samples)
+    assert any(item.branches for entry in shared["plan"].entries for row in entry for item in row)
+    assert sum(shared["plan"].costs) < 0.6 * sum(packed["plan"].costs)
+    for i, logp in packed["logp"].items():
+        torch.testing.assert_close(shared["logp"][i], logp, atol=1e-5, rtol=0, msg=str(i))
+    assert shared["loss"] == pytest.approx(packed["loss"], abs=1e-6, rel=1e-6)
+    for key, grad in packed["grads"].items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(shared["grads"][key], grad, atol=1e-5 * scale, rtol=1e-5)
