@@ -67,6 +67,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
             settings.device,
             settings.dtype,
             share_prompt_prefixes=settings.share_prompt_prefixes,
+            share_twin_rows=settings.share_twin_rows,
         )
         scheduler = Scheduler(runner, max_batch_size=settings.max_batch_size)
         scheduler.start()

@@ -8,6 +8,7 @@ left-padded; any architecture) and the fast path's
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -15,6 +16,12 @@ from transformers import DynamicCache
 
 from atroposlib.inference.kv_cache import PrefixSharedCache
 from atroposlib.inference.sampling import SamplingParams
+
+_TWIN_IDS = itertools.count()
+
+
+def new_twin_id() -> int:
+    return next(_TWIN_IDS)
 
 
 class Sequence:
@@ -34,6 +41,9 @@ class Sequence:
         """The weight version when the sequence was admitted (its first token's)."""
         self.version_starts: list[tuple[int, int]] = []
         """``(weight version, index of the first output token it sampled)``, one per change."""
+        self.twin = new_twin_id()
+        """Rows of a batch with the same ``twin`` have the same context and the same cached
+        keys and values so far (a group's samples until they diverge): one is computed."""
 
     @property
     def finished(self) -> bool:
@@ -137,6 +147,22 @@ class ActiveBatch:
         self.rows = [self.rows[i] for i in order]
         self.next_tokens = self.next_tokens[index]
         self.positions = self.positions[index]
+
+    def twins(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``leads``, ``spread``): one row of each set with the same ``twin``, and for each
+        row the index in ``leads`` of its set's row; None when every row is its own."""
+        lead_of: dict[int, int] = {}
+        leads: list[int] = []
+        spread = []
+        for i, row in enumerate(self.rows):
+            k = lead_of.setdefault(row.twin, len(leads))
+            if k == len(leads):
+                leads.append(i)
+            spread.append(k)
+        if len(leads) == len(self.rows):
+            return None
+        device = self.next_tokens.device
+        return torch.tensor(leads, device=device), torch.tensor(spread, device=device)
 
     def merge(self, other: ActiveBatch) -> None:
         """Append ``other``'s rows (its cache is of the same kind)."""

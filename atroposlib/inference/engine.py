@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from atroposlib.inference.batch import ActiveBatch, PaddedCache, Sequence
+from atroposlib.inference.batch import ActiveBatch, PaddedCache, Sequence, new_twin_id
 from atroposlib.inference.fast_decode import context_kv, decode_step, empty_cache, supports
 from atroposlib.inference.kv_cache import PrefixSharedCache, SharedPrefix
 from atroposlib.inference.prompt_prefix import (
@@ -88,7 +88,9 @@ class ModelRunner:
     the shared-prompt cache of :mod:`atroposlib.inference.kv_cache`; others, or
     ``fast_decode=False``, use the transformers forward and its cache, left-padded.
     ``share_prompt_prefixes`` (fast path only) runs the beginning that distinct prompts share
-    once (:mod:`atroposlib.inference.prompt_prefix`).
+    once (:mod:`atroposlib.inference.prompt_prefix`); ``share_twin_rows`` (fast path only)
+    computes one of the rows whose contexts are still the same (a group's samples before
+    they diverge) and gives the others its logits, keys and values.
     """
 
     def __init__(
@@ -98,12 +100,14 @@ class ModelRunner:
         dtype: str = "auto",
         fast_decode: bool = True,
         share_prompt_prefixes: bool = True,
+        share_twin_rows: bool = True,
     ) -> None:
         self.device = device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.want_fast_decode = fast_decode
         self.share_prompt_prefixes = share_prompt_prefixes
+        self.share_twin_rows = share_twin_rows
         self.weights_generation = 0
         """Bumped whenever the served weights change: cached prompts of older ones are stale."""
         self._prefixes: weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix] = (
@@ -199,6 +203,9 @@ class ModelRunner:
         for context, prefix in shared.items():
             assert prefix.last_logits is not None
             logits_of[context] = prefix.last_logits
+        twin_of = {context: new_twin_id() for context in counts}  # same context, same cache
+        for row, context in zip(rows, contexts, strict=True):
+            row.twin = twin_of[context]
         kv_cache = empty_cache(self.model, torch.device(self.device))
         prefixes = [shared.get(c) or continued.get(c) for c in contexts]
         kv_cache.add_rows(prefixes, [private.get(c) for c in contexts])
@@ -288,7 +295,10 @@ class ModelRunner:
         """Feed every row's last token through the model and sample the next one."""
         cache = batch.cache
         if isinstance(cache, PrefixSharedCache):
-            logits = decode_step(self.model, cache, batch.next_tokens, batch.positions)
+            twins = batch.twins() if self.share_twin_rows else None
+            logits = decode_step(self.model, cache, batch.next_tokens, batch.positions, twins)
+            if twins is not None:
+                logits = logits[twins[1]]
         else:
             cache.grow()
             out = self.model(
@@ -333,8 +343,10 @@ class ModelRunner:
         params = [row.params for row in batch.rows]
         sampled = sample_next(logits, params, [row.generator for row in batch.rows])
         batch.next_tokens = torch.tensor(sampled.token_ids, dtype=torch.long, device=logits.device)
+        successors: dict[tuple[int, int], int] = {}  # twins that sample the same token stay so
         for i, row in enumerate(batch.rows):
             row.output_ids.append(sampled.token_ids[i])
+            row.twin = successors.setdefault((row.twin, sampled.token_ids[i]), new_twin_id())
             row.logprobs.append(sampled.logprobs[i])
             if row.params.top_logprobs:
                 row.top_logprobs.append(sampled.top_logprobs[i])

@@ -64,10 +64,23 @@ def context_kv(cache: DynamicCache, row: int, length: int) -> Tensor:
 
 @torch.inference_mode()
 def decode_step(
-    model: PreTrainedModel, cache: PrefixSharedCache, tokens: Tensor, positions: Tensor
+    model: PreTrainedModel,
+    cache: PrefixSharedCache,
+    tokens: Tensor,
+    positions: Tensor,
+    twins: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """Feed ``tokens`` (B,) at ``positions`` (B,); the next-token logits (B, V)."""
+    """Feed ``tokens`` (B,) at ``positions`` (B,); the next-token logits (B, V).
+
+    ``twins`` (``leads``, ``spread``): only the rows ``leads`` are computed, and row ``i``
+    gets the keys and values of row ``leads[spread[i]]`` (rows whose contexts are the same so
+    far); the logits are then (len(leads), V), one per computed row.
+    """
     inner = model.model
+    if twins is not None:
+        leads, spread = twins
+        tokens, positions = tokens[leads], positions[leads]
+    cache.select(None if twins is None else twins[0])
     rows = len(tokens)
     hidden = inner.embed_tokens(tokens[:, None])  # (B, 1, H)
     cos, sin = inner.rotary_emb(hidden, positions[:, None])  # (B, 1, head_dim)
@@ -78,7 +91,10 @@ def decode_step(
         x = layer.input_layernorm(hidden)
         query = _rotate(attention.q_proj(x).view(rows, -1, head_dim), cos, sin)
         key = _rotate(attention.k_proj(x).view(rows, -1, head_dim), cos, sin)
-        cache.write(index, key, attention.v_proj(x).view(rows, -1, head_dim))
+        value = attention.v_proj(x).view(rows, -1, head_dim)
+        if twins is not None:
+            key, value = key[spread], value[spread]
+        cache.write(index, key, value)
         mixed = cache.attend(index, query, attention.scaling)  # (B, heads, head_dim)
         hidden = hidden + attention.o_proj(mixed.reshape(rows, 1, -1))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

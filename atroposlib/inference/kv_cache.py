@@ -13,6 +13,10 @@ which is the same softmax as over the concatenated context (float rounding aside
 
 Row order can change when rows leave (:meth:`PrefixSharedCache.keep` moves the last rows
 into the holes, so only moved rows are copied); the batch reorders its rows to match.
+
+A step may compute only some rows (:meth:`PrefixSharedCache.select`): rows whose contexts are
+the same so far (a group's samples before they diverge) have the same keys, values and
+logits, so one of them is computed and the others get its keys and values written.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class PrefixSharedCache:
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)  # private tokens per row
         self.prefix_of: list[SharedPrefix | None] = []
         self._groups: list[tuple[SharedPrefix, Tensor]] | None = None  # prefix, its rows
+        self._selected: Tensor | None = None  # the rows this step computes (None: all)
 
     def __len__(self) -> int:
         return len(self.prefix_of)
@@ -81,7 +86,7 @@ class PrefixSharedCache:
         added = torch.tensor(lengths, dtype=torch.long, device=self.device)
         self.lengths = torch.cat([self.lengths, added])
         self.prefix_of += prefixes
-        self._groups = None
+        self._forget_selection()
 
     @torch.inference_mode()  # the buffers are inference tensors, changed in place
     def absorb(self, other: PrefixSharedCache) -> None:
@@ -94,7 +99,7 @@ class PrefixSharedCache:
         self.values[:, rows, :, :length] = other.values[:, :joining, :, :length]
         self.lengths = torch.cat([self.lengths, other.lengths])
         self.prefix_of += other.prefix_of
-        self._groups = None
+        self._forget_selection()
 
     @torch.inference_mode()  # the buffers are inference tensors, changed in place
     def keep(self, indices: list[int]) -> list[int]:
@@ -119,12 +124,27 @@ class PrefixSharedCache:
                 self.prefix_of[hole] = self.prefix_of[mover]
         self.lengths = self.lengths[:count].clone()
         del self.prefix_of[count:]
-        self._groups = None
+        self._forget_selection()
         return order
 
     def prefixes(self) -> list[SharedPrefix]:
         """The shared prefixes some row continues (each once)."""
-        return [prefix for prefix, _ in self._prefix_groups()]
+        seen: dict[int, SharedPrefix] = {}
+        for prefix in self.prefix_of:
+            if prefix is not None:
+                seen.setdefault(id(prefix), prefix)
+        return list(seen.values())
+
+    def select(self, rows: Tensor | None) -> None:
+        """The rows this step's :meth:`attend` computes, in order (None: every row)."""
+        if rows is None and self._selected is None:
+            return
+        self._selected = rows
+        self._groups = None
+
+    def _forget_selection(self) -> None:
+        self._selected = None
+        self._groups = None
 
     def write(self, layer: int, keys: Tensor, values: Tensor) -> None:
         """Store each row's new key/value ((B, kv_heads, head_dim)) after its private part."""
@@ -142,17 +162,23 @@ class PrefixSharedCache:
         self.lengths += 1
 
     def attend(self, layer: int, query: Tensor, scale: float) -> Tensor:
-        """Attention of each row's query ((B, heads, head_dim)) over its prefix and its private
-        tokens, the one just written included; (B, heads, head_dim)."""
+        """Attention of each selected row's query ((B, heads, head_dim); B the rows
+        :meth:`select` chose, else every row) over its prefix and its private tokens, the one
+        just written included; (B, heads, head_dim)."""
         rows, heads, dim = query.shape
         kv_heads = self.shape[1]
         group = heads // kv_heads
         q = query.view(rows, kv_heads, group, dim)
-        span = int(self.lengths.max()) + 1
-        own_keys = self.keys[layer, :rows, :, :span]
-        own_values = self.values[layer, :rows, :, :span]
+        lengths = self.lengths if self._selected is None else self.lengths[self._selected]
+        span = int(lengths.max()) + 1
+        if self._selected is None:
+            own_keys = self.keys[layer, :rows, :, :span]
+            own_values = self.values[layer, :rows, :, :span]
+        else:
+            own_keys = self.keys[layer, :, :, :span][self._selected]
+            own_values = self.values[layer, :, :, :span][self._selected]
         own = torch.matmul(q, own_keys.transpose(-1, -2))  # (B, kv_heads, group, span)
-        unused = torch.arange(span, device=self.device)[None, :] > self.lengths[:, None]
+        unused = torch.arange(span, device=self.device)[None, :] > lengths[:, None]
         own.masked_fill_(unused[:, None, None, :], float("-inf"))
         groups = self._prefix_groups()
         if not groups:
@@ -175,14 +201,17 @@ class PrefixSharedCache:
         return out.view(rows, heads, dim)
 
     def _prefix_groups(self) -> list[tuple[SharedPrefix, Tensor]]:
+        """Each prefix the computed rows continue, with their positions among those rows."""
         if self._groups is None:
+            rows = range(len(self)) if self._selected is None else self._selected.tolist()
             members: dict[int, tuple[SharedPrefix, list[int]]] = {}
-            for row, prefix in enumerate(self.prefix_of):
+            for position, row in enumerate(rows):
+                prefix = self.prefix_of[row]
                 if prefix is not None:
-                    members.setdefault(id(prefix), (prefix, []))[1].append(row)
+                    members.setdefault(id(prefix), (prefix, []))[1].append(position)
             self._groups = [
-                (prefix, torch.tensor(rows, device=self.device))
-                for prefix, rows in members.values()
+                (prefix, torch.tensor(positions, device=self.device))
+                for prefix, positions in members.values()
             ]
         return self._groups
 

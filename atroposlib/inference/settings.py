@@ -47,6 +47,12 @@ class InferenceSettings(BaseSettings, AccessSettings):
         "template and examples) once and each prompt's own tail after it (same tokens; on CPU "
         "a 200-problem few-shot eval prefills several times faster).",
     )
+    share_twin_rows: bool = Field(
+        default=True,
+        description="Compute one of the rows whose contexts are still the same (the samples "
+        "of one prompt until they diverge: same logits) and give the others its logits, keys "
+        "and values (same tokens and logprobs; in the RL demo about a third of the rows).",
+    )
     max_request_sequences: int = Field(
         default=4096,
         ge=1,

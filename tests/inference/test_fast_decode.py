@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -154,3 +155,51 @@ def test_only_architectures_it_knows_take_the_fast_path() -> None:
     windowed.layer_types = ["sliding_attention"]
     llama.config = windowed
     assert not supports(llama)
+
+
+def _computed_rows(runner: ModelRunner) -> tuple[list[int], Any]:
+    """Rows each decode step computes (the embedding's batch of one token per row), and the
+    hook's handle."""
+    seen: list[int] = []
+
+    def record(_module: Any, args: tuple[torch.Tensor, ...], _out: Any) -> None:
+        if args[0].shape[1] == 1:
+            seen.append(args[0].shape[0])
+
+    return seen, runner.model.get_input_embeddings().register_forward_hook(record)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_rows_with_the_same_context_are_computed_once_and_sample_as_before(
+    runner: ModelRunner, temperature: float
+) -> None:
+    """A group of samples of one prompt (n = 4, seeded) beside a lone prompt: while a
+    group's rows have sampled the same tokens, one of them is computed; the tokens and
+    logprobs are those of computing every row."""
+    prompt, other = chat(runner, "Name a colour."), chat(runner, "Count to three.")
+
+    def rows() -> list[Sequence]:
+        params = [SamplingParams(max_new_tokens=10, temperature=temperature, seed=s,
+                                 ignore_eos=True) for s in range(5)]  # fmt: skip
+        return [Sequence(prompt, p) for p in params[:4]] + [Sequence(other, params[4])]
+
+    runner.share_twin_rows = False
+    every = rows()
+    decode_all(runner, [every])
+    runner.share_twin_rows = True
+    seen, handle = _computed_rows(runner)
+    try:
+        twins = rows()
+        decode_all(runner, [twins])
+    finally:
+        handle.remove()
+    for a, b in zip(twins, every, strict=True):
+        assert a.output_ids == b.output_ids
+        assert (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max() < 1e-5
+    decoded = seen
+    assert len(decoded) == 9  # the first token is sampled by the prefill
+    if temperature == 0:  # the group never diverges: one row of it, and the lone prompt
+        assert decoded == [2] * 9
+    else:  # the seeded rows part as their samples differ; each computed once they do
+        distinct = [len({tuple(r.output_ids[: k + 1]) for r in twins[:4]}) + 1 for k in range(9)]
+        assert decoded == distinct and decoded[-1] > 2
