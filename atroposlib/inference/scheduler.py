@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
@@ -40,6 +41,7 @@ from atroposlib.inference.batch import ActiveBatch, Sequence
 from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.fairness import plan_step
 from atroposlib.inference.jobs import Job, JobCancelled
+from atroposlib.inference.threads import ThreadGovernor
 from atroposlib.protocol import PauseMode
 
 logger = logging.getLogger(__name__)
@@ -111,9 +113,16 @@ _Command = _Submit | _Cancel | _Swap | _Pause | _Resume | _Install | _Recompute
 class Scheduler:
     """Owns the :class:`ModelRunner` from a worker thread; callers submit jobs to it."""
 
-    def __init__(self, runner: ModelRunner, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_batch_size: int = 64,
+        threads: ThreadGovernor | None = None,
+    ) -> None:
+        """``threads``: sets torch's thread count before each step (None: left as it is)."""
         self.runner = runner
         self.max_batch_size = max_batch_size
+        self.threads = threads
         self.weight_version = 0
         self.stats = SchedulerStats()
         self._inbox: deque[_Command] = deque()
@@ -353,6 +362,8 @@ class Scheduler:
         self._batch = _without(self._batch, victims)
 
     def _step(self, admitted: list[tuple[Sequence, Job]]) -> None:
+        if self.threads is not None and self.threads.threads_now() != torch.get_num_threads():
+            torch.set_num_threads(self.threads.threads)
         batch = self._batch
         if batch is not None:
             self.runner.decode(batch)

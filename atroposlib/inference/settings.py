@@ -97,6 +97,14 @@ class InferenceSettings(BaseSettings, AccessSettings):
         description="CPU threads torch uses (torch.set_num_threads); default: torch's choice. "
         "On a machine shared with other busy processes, fewer threads are often faster.",
     )
+    max_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Use up to this many threads while the machine's other processes leave "
+        "cores idle (measured every 0.25 s from /proc/stat), --threads (default 1) while they "
+        "do not: atropos-local's server takes the trainer's core while the trainer waits for "
+        "a batch and during the held-out evaluations. Default: always --threads.",
+    )
     served_model_name: str | None = Field(
         default=None, description="Name clients pass as `model`; defaults to the --model value."
     )
@@ -138,6 +146,11 @@ class InferenceSettings(BaseSettings, AccessSettings):
             raise ValueError(
                 f"model {self.model!r} is not a folder; pass --model with the path of a "
                 "transformers model folder (config.json, weights, tokenizer)"
+            )
+        if self.max_threads is not None and self.max_threads < (self.threads or 1):
+            raise ValueError(
+                f"max_threads {self.max_threads} is below threads {self.threads}; pass "
+                "--max-threads >= --threads"
             )
         if self.chat_template is not None and not self.chat_template.is_file():
             raise ValueError(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atroposlib.errors import ConfigError
+from atroposlib.inference.threads import cores_of_this_machine
 from atroposlib.launcher import Component
 
 if TYPE_CHECKING:
@@ -56,12 +57,15 @@ class EmbeddedInference:
         """Nothing to check: the server ships with atroposlib."""
 
     def component(self, layout: RunLayout, settings: LocalRunSettings) -> Component:
+        """``--threads`` of its own, and every core the other processes leave idle (the
+        trainer's while it waits for a batch, during the held-out evaluations)."""
+        most = max(settings.threads, cores_of_this_machine())
         return Component(
             "inference",
             [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
              "--port", str(layout.inference_port), "--served-model-name", "default",
-             "--threads", str(settings.threads), "--device", settings.device,
-             "--weight-roots", str(layout.checkpoints)],
+             "--threads", str(settings.threads), "--max-threads", str(most),
+             "--device", settings.device, "--weight-roots", str(layout.checkpoints)],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip
