@@ -668,6 +668,14 @@ class InferenceHealthResponse(BaseModel):
     sequences_running: int = 0
     sequences_waiting: int = 0
     decode_steps: int = Field(default=0, description="Decode steps since the server started.")
+    computed_rows: int = Field(
+        default=0,
+        description="Rows the decode steps computed since the start (rows with the same context "
+        "so far count once): over decode_steps, the rows a step computes on average.",
+    )
+    busy_seconds: float = Field(
+        default=0.0, description="Seconds spent in prefill and decode steps since the start."
+    )
     preemptions: int = Field(default=0, description="Rows paused for a fairer share (resumed).")
     cancelled_requests: int = Field(default=0, description="Requests whose client left.")
     aborted_sequences: int = Field(default=0, description="Sequences ended by pause(abort).")

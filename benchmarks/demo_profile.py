@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROLES = ("trainer", "inference", "env", "broker", "eval")
@@ -124,6 +126,8 @@ class Trace:
     """pid -> [role, first seen, last seen]."""
     groups: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     metrics: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    health: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    """The embedded inference server's ``/health`` counters (decode steps, computed rows)."""
     ended: float = 0.0
 
     def seen(self, role: str) -> list[tuple[float, float]]:
@@ -136,6 +140,7 @@ def watch(process: subprocess.Popen[bytes], run_dir: Path, poll_s: float) -> Tra
     trace = Trace(time.time())
     rollouts, metrics = Tail(run_dir / "rollouts.jsonl"), Tail(run_dir / "metrics.jsonl")
     last_cpu: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU seconds last seen)
+    health_url = None
     while True:
         running = process.poll() is None
         now, table = time.time(), process_table()
@@ -144,6 +149,12 @@ def watch(process: subprocess.Popen[bytes], run_dir: Path, poll_s: float) -> Tra
             if role is not None:
                 last_cpu[pid] = (role, table[pid][1])
                 trace.lifetimes.setdefault(pid, [role, now, now])[2] = now
+            if role == "inference" and health_url is None:
+                health_url = inference_health_url(table[pid][2])
+        if health_url is not None and running:
+            counters = read_health(health_url)
+            if counters:
+                trace.health.append((now, counters))
         totals = dict.fromkeys(ROLES, 0.0)
         for role, cpu in last_cpu.values():
             totals[role] += cpu
@@ -154,6 +165,34 @@ def watch(process: subprocess.Popen[bytes], run_dir: Path, poll_s: float) -> Tra
             trace.ended = now
             return trace
         time.sleep(poll_s)
+
+
+def inference_health_url(argv: list[str]) -> str | None:
+    """``/health`` of the server started with ``argv`` (its ``--port``), on loopback."""
+    if "--port" not in argv:
+        return None
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health"
+
+
+def read_health(url: str) -> dict[str, Any]:
+    """The server's counters, or nothing (not up yet, busy past the timeout, or vLLM's empty
+    answer)."""
+    try:
+        answer = httpx.get(url, timeout=0.5)
+        body = answer.json() if answer.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return body if isinstance(body, dict) and "decode_steps" in body else {}
+
+
+def counters_at(trace: Trace, moment: float) -> dict[str, Any]:
+    """The last ``/health`` counters read at or before ``moment`` (nothing before the first)."""
+    best: dict[str, Any] = {}
+    for when, counters in trace.health:
+        if when > moment:
+            break
+        best = counters
+    return best
 
 
 def cpu_at(trace: Trace, moment: float) -> dict[str, float]:
@@ -198,11 +237,22 @@ def step_rows(trace: Trace) -> list[dict[str, Any]]:
         processed = sum(cost for cost, _, _ in costs) or 1
         parts = {label: float(row[key]) for key, label in TRAINER_PARTS if key in row}
         wall = end - start
+        first, last = counters_at(trace, start), counters_at(trace, end)
+        server = {
+            key: float(last.get(key, 0)) - float(first.get(key, 0))
+            for key in ("decode_steps", "computed_rows", "busy_seconds")
+        }
+        running = [c["sequences_running"] for when, c in trace.health if start < when <= end]
         rows.append(
             {
                 "step": step,
                 "wall_s": wall,
                 "trainer_parts_s": parts,
+                "server": {
+                    **server,
+                    "rows_per_decode": server["computed_rows"] / max(server["decode_steps"], 1),
+                    "rows_running": sum(running) / max(len(running), 1),
+                },
                 "cpu_s": busy,
                 "groups_sent": sum(not dropped for _, _, dropped in costs),
                 "groups_dropped": sum(dropped for _, _, dropped in costs),
@@ -249,6 +299,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
         out[f"{role}_cpu_s"] = mean(lambda r, k=role: r["cpu_s"][k])
         out[f"{role}_idle_s"] = mean(lambda r, k=role: max(0.0, r["wall_s"] - r["cpu_s"][k]))
     out["inference_s_on_dropped"] = mean(lambda r: r["inference_s_on_dropped"])
+    out["inference_in_steps_s"] = mean(lambda r: r["server"]["busy_seconds"])
+    out["inference_decode_steps"] = mean(lambda r: r["server"]["decode_steps"])
+    decode_steps = sum(r["server"]["decode_steps"] for r in steady) or 1
+    out["rows_computed_per_decode"] = (
+        sum(r["server"]["computed_rows"] for r in steady) / decode_steps
+    )
+    out["rows_running"] = mean(lambda r: r["server"]["rows_running"])
     sent = sum(r["groups_sent"] for r in steady)
     dropped = sum(r["groups_dropped"] for r in steady)
     out["groups_sent_per_step"] = sent / n
@@ -325,15 +382,16 @@ def step_table(rows: list[dict[str, Any]]) -> list[str]:
         label for _, label in TRAINER_PARTS if any(label in r["trainer_parts_s"] for r in rows)
     ]
     head = "step  wall | trainer: " + " ".join(f"{x:>7}" for x in labels)
-    head += " | inference busy  on dropped | groups sent/dropped | env cpu broker cpu"
+    head += " | inference busy  on dropped  rows run/computed | groups sent/dropped | env broker"
     lines = [head]
     for r in rows:
         parts = " ".join(f"{r['trainer_parts_s'].get(x, 0.0):7.2f}" for x in labels)
         lines.append(
             f"{r['step']:>4} {r['wall_s']:5.1f} | trainer: {parts} | "
-            f"{r['cpu_s']['inference']:14.1f} {r['inference_s_on_dropped']:11.1f} | "
+            f"{r['cpu_s']['inference']:14.1f} {r['inference_s_on_dropped']:11.1f} "
+            f"{r['server']['rows_running']:9.1f}/{r['server']['rows_per_decode']:<8.1f} | "
             f"{r['groups_sent']:>10}/{r['groups_dropped']:<8} | "
-            f"{r['cpu_s']['env']:7.1f} {r['cpu_s']['broker']:10.1f}"
+            f"{r['cpu_s']['env']:3.1f} {r['cpu_s']['broker']:6.1f}"
         )
     return lines
 

@@ -291,14 +291,16 @@ class ModelRunner:
         return [None, *chosen], tops
 
     @torch.inference_mode()
-    def decode(self, batch: ActiveBatch) -> None:
-        """Feed every row's last token through the model and sample the next one."""
+    def decode(self, batch: ActiveBatch) -> int:
+        """Feed every row's last token through the model and sample the next one; the rows
+        computed (twin rows count once)."""
         cache = batch.cache
+        computed = len(batch)
         if isinstance(cache, PrefixSharedCache):
             twins = batch.twins() if self.share_twin_rows else None
             logits = decode_step(self.model, cache, batch.next_tokens, batch.positions, twins)
             if twins is not None:
-                logits = logits[twins[1]]
+                logits, computed = logits[twins[1]], len(twins[0])
         else:
             cache.grow()
             out = self.model(
@@ -311,6 +313,7 @@ class ModelRunner:
             logits = out.logits[:, -1, :]
         batch.positions = batch.positions + 1
         self._sample_into(batch, logits)
+        return computed
 
     def parameters(self) -> dict[str, torch.nn.Parameter]:
         """Every parameter by name; tied weights appear under each of their names."""

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ class SchedulerStats:
     sequences_running: int = 0
     sequences_waiting: int = 0
     decode_steps: int = 0
+    computed_rows: int = 0
+    busy_seconds: float = 0.0
     preemptions: int = 0
     cancelled_requests: int = 0
     aborted_sequences: int = 0
@@ -138,7 +141,9 @@ class Scheduler:
         self._drain_waiters: list[Done] = []  # pause(wait) calls answered once drained
         self._counts = {
             "decode_steps": 0, "preemptions": 0, "cancelled_requests": 0, "aborted_sequences": 0,
+            "computed_rows": 0,
         }  # fmt: skip
+        self._busy_seconds = 0.0  # in steps (prefill and decode), since the start
 
     def start(self) -> None:
         self._thread.start()
@@ -364,9 +369,10 @@ class Scheduler:
     def _step(self, admitted: list[tuple[Sequence, Job]]) -> None:
         if self.threads is not None and self.threads.threads_now() != torch.get_num_threads():
             torch.set_num_threads(self.threads.threads)
+        started = time.perf_counter()
         batch = self._batch
         if batch is not None:
-            self.runner.decode(batch)
+            self._counts["computed_rows"] += self.runner.decode(batch)
             self._counts["decode_steps"] += 1
         if admitted:
             for row, _ in admitted:
@@ -384,6 +390,7 @@ class Scheduler:
         self._batch = batch
         for row in batch.rows:  # every row got one token in this step
             row.note_version(self.weight_version)
+        self._busy_seconds += time.perf_counter() - started
         self._report(batch)
 
     def _report(self, batch: ActiveBatch) -> None:
@@ -451,6 +458,7 @@ class Scheduler:
             sequences_running=len(self._batch) if self._batch is not None else 0,
             sequences_waiting=sum(job.waiting for job in jobs),
             paused=self._paused,
+            busy_seconds=self._busy_seconds,
             **self._counts,
         )
 

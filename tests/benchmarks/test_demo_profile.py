@@ -13,6 +13,12 @@ from benchmarks import demo_profile
 from benchmarks.demo_profile import Trace, group_cost, phases, role_of, step_rows, summarize
 
 
+def test_the_inference_health_url_comes_from_the_servers_port() -> None:
+    argv = ["python", "-m", "atroposlib.inference", "--model", "m", "--port", "4321"]
+    assert demo_profile.inference_health_url(argv) == "http://127.0.0.1:4321/health"
+    assert demo_profile.inference_health_url(["python", "-m", "atroposlib.inference"]) is None
+
+
 @pytest.mark.parametrize(
     ("argv", "role"),
     [
@@ -53,6 +59,14 @@ def test_each_step_gets_its_window_its_cpu_and_the_groups_finished_in_it() -> No
         (112.0, _group(100, [5, 5, 5, 5], dropped=True)),  # dropped in step 1: costs 120
         (120.0, _group(100, [10, 10, 10, 10])),
     ]
+    trace.health = [
+        (105.0, {"decode_steps": 10, "computed_rows": 50, "busy_seconds": 1.0,
+                 "sequences_running": 8}),
+        (110.0, {"decode_steps": 30, "computed_rows": 130, "busy_seconds": 4.0,
+                 "sequences_running": 16}),
+        (115.0, {"decode_steps": 50, "computed_rows": 210, "busy_seconds": 8.5,
+                 "sequences_running": 12}),
+    ]  # fmt: skip
     trace.metrics = [
         (115.0, {"step": 1, "train/data_wait_s": 2.0, "time/forward_backward_s": 6.0}),
         (115.5, {"step": 1, "sync/seconds": 1.0, "time/step_end_unix_s": 115.0}),
@@ -65,6 +79,8 @@ def test_each_step_gets_its_window_its_cpu_and_the_groups_finished_in_it() -> No
     assert (first["groups_sent"], first["groups_dropped"]) == (1, 1)
     assert first["reply_tokens_dropped"] == 20
     assert first["inference_s_on_dropped"] == pytest.approx(9.0 * 120 / 260)
+    assert first["server"]["decode_steps"] == 40 and first["server"]["rows_per_decode"] == 4.0
+    assert first["server"]["busy_seconds"] == 7.5 and first["server"]["rows_running"] == 14.0
     assert second["wall_s"] == 10.0 and second["cpu_s"]["inference"] == 3.0
     assert (second["groups_sent"], second["groups_dropped"]) == (1, 0)
     assert phases(trace) == {

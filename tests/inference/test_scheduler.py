@@ -77,7 +77,7 @@ class ScriptedRunner:
         self._emit(rows)
         return ScriptedBatch(list(rows))
 
-    def decode(self, batch: ScriptedBatch) -> None:
+    def decode(self, batch: ScriptedBatch) -> int:
         with self._lock:
             if self._holding:
                 self.held_at = self.decode_steps
@@ -86,6 +86,7 @@ class ScriptedRunner:
         self.decode_steps += 1
         self.decoded_rows.append(list(batch.rows))
         self._emit(batch.rows)
+        return len(batch.rows)
 
 
 def rows(count: int, tokens: int) -> list[Sequence]:
@@ -332,3 +333,14 @@ async def test_recompute_running_preempts_every_row(
     done = await asyncio.wait_for(job.result(), 5)
     assert all(seq.output_ids == list(range(10)) for seq in done)
     assert sched.stats.preemptions == 3
+
+
+async def test_stats_count_the_rows_each_step_computed_and_the_time_in_steps(
+    scheduler: tuple[Scheduler, ScriptedRunner],
+) -> None:
+    sched, runner = scheduler
+    await asyncio.wait_for(sched.submit(rows(3, 4)).result(), 5)
+    await until(lambda: sched.stats.decode_steps == runner.decode_steps)
+    assert runner.decode_steps == 3  # the prefill sampled the first token
+    assert sched.stats.computed_rows == sum(len(step) for step in runner.decoded_rows) == 9
+    assert sched.stats.busy_seconds > 0
