@@ -7,6 +7,7 @@ import logging
 import math
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
     from atroposlib.envs.served import ServedEnv
 
 logger = logging.getLogger(__name__)
+
+RECENT_ROLLOUTS = 64
+"""Finished rollouts whose outcome (a group sent or not) sets the in-flight budget."""
+LEAST_SENT_SHARE = 0.25
+"""The in-flight budget grows at most 1 / this when most rollouts send nothing."""
 
 
 @dataclass
@@ -64,6 +70,9 @@ class EnvRunner:
         self.eval_task: asyncio.Task[None] | None = None
         self.fatal: InferenceEngineDeadError | None = None
         """Set by a rollout that found no live inference engine: the loop stops with it."""
+        self.outcomes: deque[bool] = deque(maxlen=RECENT_ROLLOUTS)
+        """Whether each recent rollout sent a group (an env that drops all-equal groups
+        sends from a fraction of them)."""
         self.group_file: IO[bytes] | None = None
         if env.config.data_path_to_save_groups:
             path = free_path(Path(env.config.data_path_to_save_groups))
@@ -197,8 +206,18 @@ class EnvRunner:
         await self.env.server.update_weight(self.status.env_weight)
         return self.status
 
+    def sent_share(self) -> float:
+        """The share of recent rollouts that sent a group (1 until a few have finished)."""
+        if len(self.outcomes) < 8:
+            return 1.0
+        return max(LEAST_SENT_SHARE, sum(self.outcomes) / len(self.outcomes))
+
     def worker_budget(self, status: EnvStatusResponse) -> int:
-        """How many rollouts may run now, from worker limits, evals and off-policy limits."""
+        """How many rollouts may run now, from worker limits, evals and off-policy limits.
+
+        The off-policy limit bounds the groups *sent* and waiting: when most rollouts send
+        nothing (their groups dropped as all-equal), more of them run at once, so that those
+        expected to be sent still fit (:meth:`sent_share`)."""
         env, config = self.env, self.env.config
         limit = env.max_num_workers
         if self.eval_task is not None and not self.eval_task.done():
@@ -215,7 +234,7 @@ class EnvRunner:
         if config.max_batches_offpolicy <= 0:
             return limit
         allowed = config.max_batches_offpolicy * env.derived_batch_size(status) // config.group_size
-        budget = allowed - queued
+        budget = math.ceil(max(0, allowed - queued) / self.sent_share())
         if config.min_batch_allocation is not None:
             own_target = math.ceil(
                 config.min_batch_allocation
@@ -263,7 +282,9 @@ class EnvRunner:
     async def _rollout(self, key: str, item: Any, policy_version: int) -> None:
         dropped: list[dict[str, Any]] = []
         try:
-            for group in await self.env.run_item(item, dropped=dropped):
+            groups = await self.env.run_item(item, dropped=dropped)
+            self.outcomes.append(bool(groups))
+            for group in groups:
                 self.submit(group, policy_version)
             for group in dropped:
                 self.record_dropped(group, policy_version)

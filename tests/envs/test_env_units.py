@@ -101,6 +101,22 @@ async def test_the_budget_follows_the_off_policy_limit(runner: EnvRunner) -> Non
     assert runner.worker_budget(status(queue=8, self_queue=1)) == 3, "own minimum share refilled"
 
 
+async def test_when_most_rollouts_send_nothing_more_of_them_run(runner: EnvRunner) -> None:
+    """The limit is on groups sent: with a quarter of rollouts sending a group (the others
+    dropped as all-equal), up to four times as many run as there is room in the broker."""
+    runner.env.config.max_num_workers = runner.env.max_num_workers = 64
+    runner.outcomes.extend([True] * 7)
+    assert runner.worker_budget(status(queue=5)) == 3, "a few rollouts tell nothing yet"
+    runner.outcomes.extend([False] * 21)  # 7 of 28 sent a group
+    assert runner.sent_share() == 0.25
+    assert runner.worker_budget(status(queue=5)) == 12  # room for 3 groups sent
+    assert runner.worker_budget(status(queue=8)) == 0  # the broker holds enough
+    runner.outcomes.extend([False] * 64)  # none sent lately: at most four times
+    assert runner.sent_share() == 0.25
+    runner.env.config.max_num_workers = runner.env.max_num_workers = 8
+    assert runner.worker_budget(status(queue=0)) == 8, "still capped by max_num_workers"
+
+
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
@@ -304,3 +320,13 @@ def test_token_sampler_defaults_work_on_a_plain_base_config() -> None:
     assert (sampler.max_tokens, sampler.max_token_length, sampler.temperature) == (64, 64, 1.0)
     capped = env.token_sampler(max_tokens=8, temperature=0.5)
     assert (capped.max_tokens, capped.max_token_length, capped.temperature) == (8, None, 0.5)
+
+
+async def test_each_finished_rollout_records_whether_it_sent_a_group(runner: EnvRunner) -> None:
+    env = runner.env
+    env.next_rollouts = [rollout(4, 1.0), rollout(4, 1.0)]  # all equal: dropped
+    await runner._rollout("a", 1, 0)
+    env.next_rollouts = [rollout(4, 1.0), rollout(4, 0.0)]
+    await runner._rollout("b", 2, 0)
+    assert list(runner.outcomes) == [False, True]
+    assert runner.sender.backlog == 1  # the one group sent is on its way
