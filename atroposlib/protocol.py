@@ -676,6 +676,9 @@ class InferenceHealthResponse(BaseModel):
     busy_seconds: float = Field(
         default=0.0, description="Seconds spent in prefill and decode steps since the start."
     )
+    prefill_seconds: float = Field(
+        default=0.0, description="Of busy_seconds, those spent prefilling new rows."
+    )
     preemptions: int = Field(default=0, description="Rows paused for a fairer share (resumed).")
     cancelled_requests: int = Field(default=0, description="Requests whose client left.")
     aborted_sequences: int = Field(default=0, description="Sequences ended by pause(abort).")

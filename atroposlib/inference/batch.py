@@ -150,7 +150,8 @@ class ActiveBatch:
 
     def twins(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(``leads``, ``spread``): one row of each set with the same ``twin``, and for each
-        row the index in ``leads`` of its set's row; None when every row is its own."""
+        row the index in ``leads`` of its set's row; None when fewer than half the rows are
+        copies (computing only the leads then saves less than gathering their caches costs)."""
         lead_of: dict[int, int] = {}
         leads: list[int] = []
         spread = []
@@ -159,7 +160,7 @@ class ActiveBatch:
             if k == len(leads):
                 leads.append(i)
             spread.append(k)
-        if len(leads) == len(self.rows):
+        if 2 * len(leads) > len(self.rows):
             return None
         device = self.next_tokens.device
         return torch.tensor(leads, device=device), torch.tensor(spread, device=device)

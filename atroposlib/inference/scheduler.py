@@ -59,6 +59,7 @@ class SchedulerStats:
     decode_steps: int = 0
     computed_rows: int = 0
     busy_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     preemptions: int = 0
     cancelled_requests: int = 0
     aborted_sequences: int = 0
@@ -144,6 +145,7 @@ class Scheduler:
             "computed_rows": 0,
         }  # fmt: skip
         self._busy_seconds = 0.0  # in steps (prefill and decode), since the start
+        self._prefill_seconds = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -378,7 +380,9 @@ class Scheduler:
             for row, _ in admitted:
                 if not row.output_ids:
                     row.weight_version = self.weight_version
+            prefill_started = time.perf_counter()
             joined = self.runner.prefill([row for row, _ in admitted])
+            self._prefill_seconds += time.perf_counter() - prefill_started
             for row, job in admitted:
                 self._owner[id(row)] = job
                 job.running += 1
@@ -459,6 +463,7 @@ class Scheduler:
             sequences_waiting=sum(job.waiting for job in jobs),
             paused=self._paused,
             busy_seconds=self._busy_seconds,
+            prefill_seconds=self._prefill_seconds,
             **self._counts,
         )
 

@@ -200,6 +200,8 @@ def test_rows_with_the_same_context_are_computed_once_and_sample_as_before(
     assert len(decoded) == 9  # the first token is sampled by the prefill
     if temperature == 0:  # the group never diverges: one row of it, and the lone prompt
         assert decoded == [2] * 9
-    else:  # the seeded rows part as their samples differ; each computed once they do
+    else:  # the seeded rows part as their samples differ; each computed once they do, and
+        # every row once more than half of them are their own
         distinct = [len({tuple(r.output_ids[: k + 1]) for r in twins[:4]}) + 1 for k in range(9)]
-        assert decoded == distinct and decoded[-1] > 2
+        assert decoded == [n if 2 * n <= 5 else 5 for n in distinct]
+        assert max(distinct) > 2
