@@ -67,10 +67,13 @@ class ChatCharTokenizer:
 
 @contextmanager
 def uvicorn_on_loopback(app: Any) -> Iterator[str]:
-    """``app`` served by a real uvicorn on a free 127.0.0.1 port, in a thread; its base URL."""
+    """``app`` served by a real uvicorn on a free 127.0.0.1 port, in a thread; its base URL.
+    Forwarded headers are not trusted, as our servers run (``proxy_headers=False``)."""
     import uvicorn
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=free_port(), log_level="warning", proxy_headers=False
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -19,11 +19,14 @@ def fuzz_operations(
     max_examples: int = 25,
     skip: Container[str] = (),
     path_parameters: dict[str, str] | None = None,
+    schema_headers: dict[str, str] | None = None,
 ) -> dict[str, set[int]]:
-    """Fuzz every operation of ``{url}/openapi.json`` but those labelled in ``skip``
-    (``"POST /pause"``), with ``path_parameters`` (a real session's id) in place of generated
-    ones; the statuses each operation fuzzed answered, by label."""
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    """Fuzz every operation of ``{url}/openapi.json`` (a server started with
+    ``--expose-api-docs``; fetched with ``schema_headers``, else ``headers``) but those
+    labelled in ``skip`` (``"POST /pause"``), with ``path_parameters`` (a real session's id)
+    in place of generated ones; the statuses each operation fuzzed answered, by label."""
+    document_headers = schema_headers or headers or {}
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=document_headers)
     tested: dict[str, set[int]] = {}
     for result in schema.get_all_operations():
         operation = result.ok()

@@ -54,6 +54,11 @@ class AccessSettings(BaseModel):
         " localhost, single-label names and this machine's names ('*': any); other names are "
         "refused (403) as a browser's DNS-rebinding attempt.",
     )
+    expose_api_docs: CliImplicitFlag[bool] = Field(
+        default=False,
+        description="Serve the OpenAPI schema (/openapi.json) and its pages (/docs, /redoc), "
+        "behind --api-key when one is set; off by default.",
+    )
 
     @field_validator("api_key", "admin_api_key")
     @classmethod

@@ -4,8 +4,9 @@
 ordinary OpenAI code (``run_agent``): it sends the chat with two tools, runs the tool calls the
 model makes (``price`` looks an item up, ``calculate`` does arithmetic; both in process, no
 model text is ever ``eval``-ed) and sends the results back, for up to ``max_turns`` replies.
-It only knows a base URL: each episode gets a session of a proxy this env serves on a loopback
-port over its own inference servers, which records every reply token-in/token-out. The
+It only knows a base URL and a key: each episode gets a session of a proxy this env serves on a
+loopback port over its own inference servers, which records every reply token-in/token-out (the
+agent's key is the session's token: it opens that session and nothing else). The
 episode's trajectory is the session's recorded node: the exact ids the engine saw and sampled,
 each turn continuing the last. Score: 1.0 for the right total in ``<answer>``, plus
 ``tool_weight`` when at least one tool call ran without error.
@@ -25,8 +26,8 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.hermes import tool_calls_as_text
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, normalize_number
 from atroposlib.envs.rollouts import trajectory_group
-from atroposlib.envs.server_handling.local_proxy import serve_proxy
-from atroposlib.envs.server_handling.proxy_client import create_proxy_session, node_trajectory
+from atroposlib.envs.server_handling.local_proxy import LocalProxy, serve_proxy
+from atroposlib.envs.server_handling.proxy_client import node_trajectory
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.trajectory import Trajectory
 from atroposlib.group import ScoredData
@@ -122,11 +123,13 @@ def run_tool(name: str, arguments: str) -> str:
     return f"error: no tool named {name!r}"
 
 
-async def run_agent(base_url: str, question: str, *, max_turns: int, max_tokens: int) -> list:
+async def run_agent(
+    base_url: str, api_key: str, question: str, *, max_turns: int, max_tokens: int
+) -> list:
     """The agent: plain OpenAI chat with tools against ``base_url``; it runs the model's tool
     calls, nudges a reply with neither a call nor an answer, and stops at an answer or after
     ``max_turns`` replies. Returns the conversation."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
     async with client:
         for turn in range(max_turns):
@@ -183,18 +186,19 @@ class OpenAIAgentEnv(BaseEnv):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredData | None, list[Item]]:
         async with serve_proxy(self.server, self.tokenizer) as proxy:
             episodes = await asyncio.gather(
-                *(self.episode(proxy.url, item) for _ in range(self.config.group_size))
+                *(self.episode(proxy, item) for _ in range(self.config.group_size))
             )
         trajectories, scores = zip(*episodes, strict=True)
         params = {"temperature": self.config.temperature,
                   "max_tokens": self.config.max_completion_tokens}  # fmt: skip
         return trajectory_group(trajectories, scores, generation_params=params), []
 
-    async def episode(self, proxy_url: str, item: Item) -> tuple[Trajectory, float]:
-        """One agent run in its own proxy session: the recorded trajectory and its score."""
-        session = await create_proxy_session(proxy_url, temperature=self.config.temperature)
+    async def episode(self, proxy: LocalProxy, item: Item) -> tuple[Trajectory, float]:
+        """One agent run in its own proxy session: the recorded trajectory and its score. The
+        agent holds the session's token, which opens that session only."""
+        session = await proxy.open_session(temperature=self.config.temperature)
         async with session:  # leaving it collects the nodes and closes the session
-            messages = await run_agent(session.get_url(), item["question"],
+            messages = await run_agent(session.get_url(), session.api_key, item["question"],
                                        max_turns=self.config.max_turns,
                                        max_tokens=self.config.max_completion_tokens)  # fmt: skip
         nodes = session.get_state()["nodes"]

@@ -1,6 +1,6 @@
 """Fuzzing the proxy on a real uvicorn: schemathesis bodies and parameters for every route from
-its OpenAPI document, once with generated session ids and once with a real session's (its
-chat completions, render, nodes), with the key. No answer may be a 5xx."""
+its OpenAPI document, once with generated session ids and the key, once with a real session's
+id and token (its chat completions, render, nodes). No answer may be a 5xx."""
 
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ def test_schemathesis_finds_no_server_error(test_model_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(test_model_path))
     engine = ScriptedEngine(tokenizer, ["Ok."] * 100_000)
     app = proxy_app(tokenizer, engine, api_key="run-key", max_sessions=64,
-                    max_sessions_per_client=64, idle_timeout_s=600)  # fmt: skip
+                    max_sessions_per_client=64, idle_timeout_s=600,
+                    expose_api_docs=True)  # fmt: skip
     with uvicorn_on_loopback(app) as url:
-        session = httpx.post(f"{url}/sessions/create", json={}, headers=KEY).json()["uuid"]
+        created = httpx.post(f"{url}/sessions/create", json={}, headers=KEY).json()
+        session, own = created["uuid"], {"authorization": f"Bearer {created['session_token']}"}
         generated = fuzz_operations(url, [not_a_server_error], headers=KEY, max_examples=20)
-        real = fuzz_operations(url, [not_a_server_error], headers=KEY, max_examples=20,
-                               skip={"DELETE /{session_id}"},
+        real = fuzz_operations(url, [not_a_server_error], headers=own, schema_headers=KEY,
+                               max_examples=20, skip={"DELETE /{session_id}"},
                                path_parameters={"session_id": session})  # fmt: skip
     assert generated["GET /{session_id}/nodes"] == {404}
     assert 200 in real["GET /{session_id}/nodes"]

@@ -1,6 +1,7 @@
-"""The proxy as an attacker meets it: no key, a wrong key, an empty key, a cross-site page, a
-rebinding name, someone else's session listing; each refused with its status and nothing
-changed (the session and its nodes). Limits name themselves in their 429."""
+"""The proxy as an attacker meets it: no key, a wrong key, an empty key, another key holder
+without the session's token, a cross-site page, a rebinding name, someone else's session
+listing, the schema routes; each refused with its status and nothing changed (the session and
+its nodes). Limits name themselves in their 429."""
 
 from __future__ import annotations
 
@@ -25,39 +26,78 @@ def tokenizer(test_model_path: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(test_model_path))
 
 
-async def one_turn(http: httpx.AsyncClient, headers: dict[str, str]) -> tuple[str, list[Any]]:
-    session = (await http.post("/sessions/create", json={}, headers=headers)).json()["uuid"]
-    answer = await http.post(f"/{session}/v1/chat/completions", json=USER, headers=headers)
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+async def one_turn(
+    http: httpx.AsyncClient, headers: dict[str, str]
+) -> tuple[str, dict[str, str], list[Any]]:
+    """A session with one recorded turn: its id, its own headers (its token), its nodes."""
+    created = (await http.post("/sessions/create", json={}, headers=headers)).json()
+    session, own = created["uuid"], bearer(created["session_token"])
+    answer = await http.post(f"/{session}/v1/chat/completions", json=USER, headers=own)
     assert answer.status_code == 200, answer.text
-    nodes = (await http.get(f"/{session}/nodes", headers=headers)).json()["nodes"]
+    nodes = (await http.get(f"/{session}/nodes", headers=own)).json()["nodes"]
     assert len(nodes) == 1
-    return session, nodes
+    return session, own, nodes
+
+
+def session_routes(session: str) -> list[tuple[str, str]]:
+    return [("GET", f"/{session}/nodes"), ("DELETE", f"/{session}"),
+            ("POST", f"/{session}/v1/chat/completions"),
+            ("POST", f"/{session}/v1/chat/completions/render"),
+            ("GET", f"/{session}/v1/models")]  # fmt: skip
 
 
 async def test_without_the_key_nothing_is_read_written_or_deleted(tokenizer: Any) -> None:
     engine = ScriptedEngine(tokenizer, ["Hello.", "Again."])
     app = proxy_app(tokenizer, engine, api_key="run-key", admin_api_key="admin-key")
     async with asgi_client(app) as http:
-        session, nodes = await one_turn(http, KEY)
+        session, own, nodes = await one_turn(http, KEY)
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Bearer "},
-                        {"authorization": "run-key"}):  # fmt: skip
-            for method, path in (("GET", f"/{session}/nodes"), ("DELETE", f"/{session}"),
-                                 ("POST", f"/{session}/v1/chat/completions"),
-                                 ("POST", "/sessions/create"), ("GET", "/sessions")):  # fmt: skip
+                        {"authorization": "run-key"}, ADMIN):  # fmt: skip
+            for method, path in (*session_routes(session), ("POST", "/sessions/create"),
+                                 ("GET", "/sessions"), ("GET", "/servers")):  # fmt: skip
+                if headers == ADMIN and path == "/sessions":
+                    continue  # the admin key lists them (next test)
                 body = USER if method == "POST" else None
                 answer = await http.request(method, path, json=body, headers=headers)
                 assert answer.status_code == 401, (headers, path)
                 assert "Bearer" in answer.json()["detail"]
+                assert answer.headers["www-authenticate"] == "Bearer"
         assert (await http.get("/health")).status_code == 200
-        assert (await http.get(f"/{session}/nodes", headers=KEY)).json()["nodes"] == nodes
+        assert (await http.get(f"/{session}/nodes", headers=own)).json()["nodes"] == nodes
         assert len(engine.sampled) == 1
+
+
+async def test_another_key_holder_cannot_read_extend_or_close_a_session(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, ["Hello.", "Mine."])
+    app = proxy_app(tokenizer, engine, api_key="run-key", admin_api_key="admin-key")
+    async with asgi_client(app) as http:
+        session, own, nodes = await one_turn(http, KEY)
+        _, other_own, _ = await one_turn(http, KEY)  # a neighbour with a session of its own
+        for headers in (KEY, other_own):
+            for method, path in session_routes(session):
+                body = USER if method == "POST" else None
+                answer = await http.request(method, path, json=body, headers=headers)
+                expected = 404 if headers == KEY else 401
+                assert answer.status_code == expected, (headers, path, answer.text)
+        unknown = await http.get("/00000000-0000-4000-8000-000000000000/nodes", headers=KEY)
+        assert unknown.status_code == 404  # the same answer as for an id that is not open
+        assert unknown.json()["detail"].startswith("session: no open session")
+        assert (await http.get(f"/{session}/nodes", headers=own)).json()["nodes"] == nodes
+        assert (await http.get("/health")).json()["sessions"] == 2
+        assert len(engine.sampled) == 2
+        listed = (await http.get("/sessions", headers=ADMIN)).text
+        assert own["authorization"][7:] not in listed and "token" not in listed
 
 
 async def test_sessions_are_listed_to_the_admin_key_only(tokenizer: Any) -> None:
     app = proxy_app(tokenizer, ScriptedEngine(tokenizer, ["Hello."]), api_key="run-key",
                     admin_api_key="admin-key")  # fmt: skip
     async with asgi_client(app) as http:
-        session, _ = await one_turn(http, KEY)
+        session, _, _ = await one_turn(http, KEY)
         refused = await http.get("/sessions", headers=KEY)
         assert refused.status_code == 401 and "admin_api_key" in refused.json()["detail"]
         listed = await http.get("/sessions", headers=ADMIN)
@@ -68,7 +108,7 @@ async def test_sessions_are_listed_to_the_admin_key_only(tokenizer: Any) -> None
 async def test_without_a_key_a_browser_page_cannot_reach_a_session(tokenizer: Any) -> None:
     engine = ScriptedEngine(tokenizer, ["Hello."])
     async with asgi_client(proxy_app(tokenizer, engine)) as http:
-        session, nodes = await one_turn(http, {})
+        session, _, nodes = await one_turn(http, {})
         for headers in ({"sec-fetch-site": "cross-site"}, {"origin": "https://evil.example"},
                         {"host": "rebind.evil.example:9100"}):  # fmt: skip
             for method, path in (("DELETE", f"/{session}"), ("GET", f"/{session}/nodes"),
@@ -81,7 +121,7 @@ async def test_without_a_key_a_browser_page_cannot_reach_a_session(tokenizer: An
 async def test_a_session_holds_at_most_max_session_nodes(tokenizer: Any) -> None:
     engine = ScriptedEngine(tokenizer, ["Hello.", "Again."])
     async with asgi_client(proxy_app(tokenizer, engine, max_session_nodes=1)) as http:
-        session, nodes = await one_turn(http, {})
+        session, _, nodes = await one_turn(http, {})
         full = await http.post(f"/{session}/v1/chat/completions", json=USER)
         assert full.status_code == 429 and "max_session_nodes" in full.json()["detail"]
         assert (await http.get(f"/{session}/nodes")).json()["nodes"] == nodes
@@ -155,3 +195,27 @@ async def test_a_session_holds_at_most_max_session_bytes(tokenizer: Any) -> None
         assert full.status_code == 429 and "max_session_bytes" in full.json()["detail"]
         assert (await http.get(f"/{session}/nodes")).json()["nodes"] == nodes
         assert len(engine.sampled) == 1
+
+
+SCHEMA_ROUTES = ("/openapi.json", "/docs", "/redoc")
+OFF = {404, 405}  # no such route (405: the path also fits DELETE /{session_id})
+
+
+@pytest.mark.parametrize(
+    ("settings", "without_key", "with_key"),
+    [
+        ({}, OFF, OFF),
+        ({"api_key": "run-key"}, {401}, OFF),
+        ({"expose_api_docs": True}, {200}, {200}),
+        ({"expose_api_docs": True, "api_key": "run-key"}, {401}, {200}),
+    ],
+)
+async def test_the_schema_routes_are_off_unless_exposed_then_behind_the_key(
+    tokenizer: Any, settings: dict[str, Any], without_key: set[int], with_key: set[int]
+) -> None:
+    app = proxy_app(tokenizer, ScriptedEngine(tokenizer, []), **settings)
+    async with asgi_client(app) as http:
+        for path in SCHEMA_ROUTES:
+            assert (await http.get(path)).status_code in without_key, path
+            assert (await http.get(path, headers=KEY)).status_code in with_key, path
+        assert (await http.get("/health")).json()["sessions"] == 0

@@ -2,7 +2,12 @@
 environment can hand its agents a real OpenAI endpoint over its own inference servers.
 
     async with serve_proxy(self.server, self.tokenizer) as proxy:
-        session = await create_proxy_session(proxy.url)   # session.get_url() for the agent
+        session = await proxy.open_session()   # session.get_url(), session.api_key: the agent's
+
+The proxy is always keyed, with a fresh random key of its own (also when the run has none,
+as on a keyless loopback run): only this environment holds it, never the run's key, and each
+agent gets just its session's token, which opens that session and nothing else. Its admin
+key (the listing of every session) is another fresh key that nobody is handed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 import uvicorn
 
 from atroposlib.envs.server_handling.managed_server_proxy import ProxySettings, create_app
+from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer, create_proxy_session
+from atroposlib.security.keys import new_key
 
 logger = logging.getLogger(__name__)
 
@@ -23,12 +30,15 @@ STARTUP_TIMEOUT_S = 30.0
 
 
 class LocalProxy:
-    """A running proxy: ``url`` while it serves; ``stop()`` ends it."""
+    """A running proxy: ``url`` and ``api_key`` while it serves; ``stop()`` ends it."""
 
-    def __init__(self, server: uvicorn.Server, task: asyncio.Task[None], url: str) -> None:
+    def __init__(
+        self, server: uvicorn.Server, task: asyncio.Task[None], url: str, api_key: str
+    ) -> None:
         self._server = server
         self._task = task
         self.url = url
+        self.api_key = api_key
 
     @classmethod
     async def start(
@@ -39,8 +49,17 @@ class LocalProxy:
         settings: ProxySettings | None = None,
         host: str = "127.0.0.1",
     ) -> LocalProxy:
+        """Serve a proxy on a free port of ``host``; ``settings`` without ``api_key`` get a
+        fresh key (and admin key) of their own."""
+        settings = settings or ProxySettings()
+        api_key = settings.api_key or new_key()
+        if settings.api_key is None:
+            admin_key = settings.admin_api_key or new_key()
+            settings = settings.model_copy(update={"api_key": api_key, "admin_api_key": admin_key})
         app = create_app(server_manager, tokenizer, model_name, settings)
-        config = uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            app, host=host, port=0, log_level="warning", lifespan="off", proxy_headers=False
+        )
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve(), name="managed-server-proxy")
         deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_S
@@ -54,7 +73,11 @@ class LocalProxy:
             await asyncio.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         logger.info("managed-server proxy on http://%s:%d", host, port)
-        return cls(server, task, f"http://{host}:{port}")
+        return cls(server, task, f"http://{host}:{port}", api_key)
+
+    async def open_session(self, **options: Any) -> ProxyManagedServer:
+        """A new session (``create_proxy_session``'s options) opened with this proxy's key."""
+        return await create_proxy_session(self.url, api_key=self.api_key, **options)
 
     async def stop(self) -> None:
         self._server.should_exit = True

@@ -14,6 +14,9 @@ environment reads with ``GET /{id}/nodes`` to score and train on. Routes (Atropo
     DELETE /{id}                         close the session
     GET    /health, /v1/models, /servers
 
+Who may call which (the proxy's key, the admin key, each session's own token) is
+:mod:`~atroposlib.envs.server_handling.proxy_access`, checked before a body is read.
+
     python -m atroposlib.envs.server_handling.managed_server_proxy --config servers.json
 """
 
@@ -30,12 +33,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, ValidationError
 
 from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.proxy_access import ProxyAccess, new_session_token
 from atroposlib.envs.server_handling.proxy_cli import (
     access_fields,
     add_access_flags,
@@ -72,13 +76,8 @@ from atroposlib.envs.server_handling.session_table import ServerChoiceError, Ses
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
 from atroposlib.inference.limits import BodySizeLimit
-from atroposlib.security import (
-    ADMIN_DETAIL,
-    AccessSettings,
-    mount_guard,
-    require_bearer,
-    warn_if_open,
-)
+from atroposlib.security import AccessSettings, mount_guard, warn_if_open
+from atroposlib.security.gate import mount_key_first, schema_routes
 
 __all__ = [
     "APIServerConfig",
@@ -157,19 +156,22 @@ def create_app(
         finally:
             sweeper.cancel()
 
-    app = FastAPI(title="atroposlib managed-server proxy", lifespan=lifespan)
+    app = FastAPI(
+        title="atroposlib managed-server proxy",
+        lifespan=lifespan,
+        **schema_routes(settings.expose_api_docs),
+    )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(Exception, _unexpected)
+    mount_key_first(app, ProxyAccess(table, settings.api_key, settings.admin_key))
     mount_guard(app, settings)
     warn_if_open(settings, "the managed-server proxy")
     _add_health_route(app, table, model_name)
-    keyed = APIRouter(dependencies=[Depends(require_bearer(settings.api_key))])
-    _add_service_routes(keyed, table, model_name)
-    _add_listing_route(app, table, settings.admin_key)
-    _add_session_routes(keyed, table, tokenizer, model_name, settings)
-    app.include_router(keyed)
+    _add_service_routes(app, table, model_name)
+    _add_listing_route(app, table)
+    _add_session_routes(app, table, tokenizer, model_name, settings)
     return app
 
 
@@ -195,7 +197,7 @@ def _add_health_route(app: FastAPI, table: SessionTable, model_name: str) -> Non
                            healthy_servers=healthy)  # fmt: skip
 
 
-def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) -> None:
+def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> None:
     """The routes about the proxy itself: models, servers."""
 
     @app.get("/v1/models")
@@ -208,11 +210,10 @@ def _add_service_routes(app: APIRouter, table: SessionTable, model_name: str) ->
                                    enumerate(table.servers)])  # fmt: skip
 
 
-def _add_listing_route(app: FastAPI, table: SessionTable, admin_key: str | None) -> None:
-    """``GET /sessions``: every session's id is its capability, so the list needs the admin
-    key (``admin_api_key``, else ``api_key``; open only when the proxy has no key at all)."""
+def _add_listing_route(app: FastAPI, table: SessionTable) -> None:
+    """``GET /sessions``: every client's sessions, for the admin key (:mod:`proxy_access`)."""
 
-    @app.get("/sessions", dependencies=[Depends(require_bearer(admin_key, ADMIN_DETAIL))])
+    @app.get("/sessions")
     async def list_sessions() -> SessionList:
         return SessionList(sessions=[
             SessionInfo(uuid=s.uuid, model_name=s.model_name, base_url=s.base_url,
@@ -223,7 +224,8 @@ def _add_listing_route(app: FastAPI, table: SessionTable, admin_key: str | None)
 
 
 def _new_session_id() -> str:
-    """A UUID of 122 random bits from the OS: the id is the session's capability."""
+    """A UUID of 122 random bits from the OS: unguessable, and on a proxy without a key the
+    session's only capability (a keyed proxy asks for its token too)."""
     return str(uuid_lib.UUID(bytes=secrets.token_bytes(16), version=4))
 
 
@@ -240,6 +242,8 @@ def _check_room(session: ProxySession, settings: ProxySettings) -> None:
 
 
 def _client_of(request: Request) -> str:
+    """The connection's peer: our servers run uvicorn with ``proxy_headers=False``, so an
+    ``X-Forwarded-For`` header never makes one client many."""
     return request.client.host if request.client is not None else "unknown"
 
 
@@ -252,9 +256,10 @@ def _open_session(table: SessionTable, session_id: str) -> ProxySession:
 
 
 def _add_session_routes(
-    app: APIRouter, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
+    app: FastAPI, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
 ) -> None:
-    """Creating a session and everything under ``/{session_id}``."""
+    """Creating a session and everything under ``/{session_id}`` (whose token the gate,
+    :class:`ProxyAccess`, has checked before the route runs)."""
 
     @app.post("/sessions/create")
     async def create_session(body: SessionCreateRequest, request: Request) -> SessionCreateResponse:
@@ -273,7 +278,7 @@ def _add_session_routes(
         session = ProxySession(
             uuid=_new_session_id(), recorder=recorder, model_name=model_name,
             tool_parser=body.tool_parser, base_url=table.base_url_of(server),
-            temperature=body.temperature, client=_client_of(request),
+            temperature=body.temperature, client=_client_of(request), token=new_session_token(),
         )  # fmt: skip
         refused = table.limit_reached(session.client)
         if refused is not None:
@@ -284,7 +289,8 @@ def _add_session_routes(
         table.add(session)  # room was checked just now, with nothing awaited since
         return SessionCreateResponse(uuid=session.uuid, model_name=model_name,
                                      tool_parser=session.tool_parser, base_url=session.base_url,
-                                     created_at=session.created_at)  # fmt: skip
+                                     created_at=session.created_at,
+                                     session_token=session.token)  # fmt: skip
 
     @app.post("/{session_id}/v1/chat/completions")
     async def chat_completions(
@@ -433,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     for config in configs:
         logger.info("backend %s (%s)", config.base_url, config.server_type)
     logger.info("proxy for %s on http://%s:%d", servers.model_name, settings.host, args.port)
-    uvicorn.run(app, host=settings.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=settings.host, port=args.port, log_level="info", proxy_headers=False)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 
 Each server entry takes ``APIServerConfig``'s fields; the model name is shared. The proxy's key
 comes from ``ATROPOS_API_KEY`` (or ``--api-key``; the variable keeps it out of ``ps``), its admin
-key (``GET /sessions`` of every client) from ``ATROPOS_ADMIN_API_KEY``.
+key (``GET /sessions`` of every client) from ``ATROPOS_ADMIN_API_KEY``; each session's routes
+take the session's own token (:mod:`~atroposlib.envs.server_handling.proxy_access`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def add_access_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--allowed-hosts", nargs="*", default=[],
                         help="host names allowed besides IPs and local names")  # fmt: skip
+    parser.add_argument(
+        "--expose-api-docs",
+        action="store_true",
+        help="serve /openapi.json, /docs and /redoc (behind the key when one is set)",
+    )
 
 
 def access_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,4 +84,5 @@ def access_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "host": args.host, "api_key": args.api_key, "admin_api_key": args.admin_api_key,
         "insecure_no_key": args.insecure_no_key, "allowed_hosts": args.allowed_hosts,
+        "expose_api_docs": args.expose_api_docs,
     }  # fmt: skip

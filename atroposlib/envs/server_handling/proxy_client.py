@@ -1,13 +1,16 @@
 """A session on the managed-server proxy, used like a managed server.
 
-    managed = await create_proxy_session("http://localhost:9100", temperature=1.0)
+    managed = await create_proxy_session("http://localhost:9100", api_key=proxy_key)
     async with managed:
-        agent = openai.AsyncOpenAI(base_url=managed.get_url(), api_key="x")
+        agent = openai.AsyncOpenAI(base_url=managed.get_url(), api_key=managed.api_key)
         ...                                  # the agent's own loop, any OpenAI client
         nodes = (await managed.fetch_state())["nodes"]   # token-exact, for training
 
 ``chat_completion`` / ``get_state`` / ``reset`` work as on an in-process managed server; leaving
-the ``async with`` block fetches the nodes one last time and closes the session.
+the ``async with`` block fetches the nodes one last time and closes the session. The proxy's
+key opens the session; from then on the session's own token (``managed.api_key``) is the only
+credential its routes take, so the agent is handed a key that opens its session and nothing
+else.
 """
 
 from __future__ import annotations
@@ -78,11 +81,13 @@ class ProxyManagedServer:
         model_name: str = "unknown",
         base_url: str | None = None,
         http_client: httpx.AsyncClient | None = None,
+        session_token: str | None = None,
     ) -> None:
         self.proxy_url = proxy_url.rstrip("/")
         self.session_uuid = session_uuid
         self.model_name = model_name
         self.base_url = base_url
+        self.session_token = session_token
         self._owns_client = http_client is None
         self.http = http_client or httpx.AsyncClient(timeout=httpx.Timeout(1200, connect=10))
         self._nodes: list[SequenceNode] | None = None
@@ -91,10 +96,20 @@ class ProxyManagedServer:
         """The session's OpenAI base URL: ``openai.OpenAI(base_url=...)``."""
         return f"{self.proxy_url}/{self.session_uuid}/v1"
 
+    @property
+    def api_key(self) -> str:
+        """The session's token, the agent's ``openai.OpenAI(api_key=...)`` (a proxy without
+        keys, which returns none, takes any)."""
+        return self.session_token or "no-key"
+
+    def _auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.session_token}"} if self.session_token else {}
+
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
         body = {key: kwargs[key] for key in _REQUEST_KEYS if kwargs.get(key) is not None}
         body["messages"] = [dict(message) for message in kwargs["messages"]]
-        data = await _call(self.http, "POST", f"{self.get_url()}/chat/completions", json=body)
+        url = f"{self.get_url()}/chat/completions"
+        data = await _call(self.http, "POST", url, json=body, headers=self._auth())
         checked = ProxyChatCompletion.model_validate(data)
         return ChatCompletion.model_validate(checked.model_dump(exclude_none=True))
 
@@ -105,7 +120,8 @@ class ProxyManagedServer:
 
     async def fetch_state(self) -> dict[str, list[SequenceNode]]:
         """The session's recorded nodes, fetched now (and cached for ``get_state``)."""
-        data = await _call(self.http, "GET", f"{self.proxy_url}/{self.session_uuid}/nodes")
+        url = f"{self.proxy_url}/{self.session_uuid}/nodes"
+        data = await _call(self.http, "GET", url, headers=self._auth())
         self._nodes = NodesResponse.model_validate(data).nodes
         return {"nodes": list(self._nodes)}
 
@@ -119,7 +135,8 @@ class ProxyManagedServer:
     async def cleanup(self) -> None:
         """Close the session on the proxy (already closed: nothing to do)."""
         try:
-            await _call(self.http, "DELETE", f"{self.proxy_url}/{self.session_uuid}")
+            url = f"{self.proxy_url}/{self.session_uuid}"
+            await _call(self.http, "DELETE", url, headers=self._auth())
         except ProxyRejectedError as exc:
             if exc.status_code != 404:
                 raise
@@ -151,22 +168,26 @@ async def create_proxy_session(
     model_name: str = "unknown",
     temperature: float | None = None,
     http_client: httpx.AsyncClient | None = None,
+    api_key: str | None = None,
 ) -> ProxyManagedServer:
-    """Open a session on the proxy at ``proxy_url`` (pinned to ``base_url`` if given)."""
+    """Open a session on the proxy at ``proxy_url`` (pinned to ``base_url`` if given) with
+    the proxy's ``api_key``; the session keeps the token the proxy returns for its routes."""
     request = SessionCreateRequest(
         tool_parser=tool_parser, track_tree=track_tree, base_url=base_url, temperature=temperature
     )
     url = f"{proxy_url.rstrip('/')}/sessions/create"
     body = request.model_dump(exclude_none=True)
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     if http_client is None:
         async with httpx.AsyncClient(timeout=30) as client:
-            data = await _call(client, "POST", url, json=body)
+            data = await _call(client, "POST", url, json=body, headers=headers)
     else:
-        data = await _call(http_client, "POST", url, json=body)
+        data = await _call(http_client, "POST", url, json=body, headers=headers)
     created = SessionCreateResponse.model_validate(data)
     return ProxyManagedServer(
-        proxy_url, created.uuid, created.model_name or model_name, created.base_url, http_client
-    )
+        proxy_url, created.uuid, created.model_name or model_name, created.base_url, http_client,
+        session_token=created.session_token,
+    )  # fmt: skip
 
 
 def node_trajectory(node: SequenceNode, messages: list[Message]) -> Trajectory:

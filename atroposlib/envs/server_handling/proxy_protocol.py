@@ -183,6 +183,11 @@ class SessionCreateResponse(BaseModel):
     tool_parser: str
     base_url: str | None = None
     created_at: float
+    session_token: str | None = Field(
+        default=None,
+        description="The session's own key: its routes (/{uuid}/...) on a keyed proxy need "
+        "'Authorization: Bearer <session_token>' (the agent's OpenAI api_key). Told only here.",
+    )
 
 
 class SessionInfo(BaseModel):

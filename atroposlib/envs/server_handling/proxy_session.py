@@ -204,7 +204,10 @@ class ProxySession:
     base_url: str | None
     temperature: float | None = None
     client: str = ""
-    """Who created it (the peer address): per-client caps count by it."""
+    """Who created it (the connection's peer address, never a forwarded header): per-client
+    caps count by it."""
+    token: str = field(default="", repr=False)
+    """The session's own key (:mod:`proxy_access`); empty: no token opens it."""
     created_at: float = field(default_factory=time.time)
     last_accessed: float = field(default_factory=time.time)
     memory: ReplyMemory = field(default_factory=ReplyMemory)

@@ -1,0 +1,111 @@
+"""The key check a server runs before its app: key before body, and the schema routes.
+
+FastAPI reads and parses a route's body before it runs the route's dependencies, so a key
+checked by ``Depends(require_bearer(...))`` costs the server a whole body (up to the body
+limit, or a connection held open by one that never ends) before it refuses. The gate is pure
+ASGI: it reads the ``Authorization`` header and answers 401 without ever calling ``receive``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from atroposlib.security.guard import refuse
+from atroposlib.security.keys import (
+    ADMIN_DETAIL,
+    UNAUTHORIZED_DETAIL,
+    UNAUTHORIZED_HEADERS,
+    bearer_header_ok,
+)
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_PATHS = frozenset(("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is refused before its body: its status and ``detail``."""
+
+    status: int
+    detail: str
+
+
+Authorize = Callable[[str, str, str], Refusal | None]
+"""``(method, path, Authorization header) -> Refusal | None`` (None: the request goes on)."""
+
+
+def unauthorized(detail: str = UNAUTHORIZED_DETAIL) -> Refusal:
+    return Refusal(401, detail)
+
+
+class RouteKeys:
+    """Which key each path needs: ``open_paths`` none, ``admin_paths`` the admin key, every
+    other path (the schema routes and unknown paths too) the run key. A key that is None
+    opens its paths, as :func:`~atroposlib.security.keys.require_bearer` does."""
+
+    def __init__(
+        self,
+        api_key: str | None,
+        admin_key: str | None = None,
+        open_paths: Collection[str] = (),
+        admin_paths: Collection[str] = (),
+    ) -> None:
+        self.api_key = api_key
+        self.admin_key = admin_key
+        self.open_paths = frozenset(open_paths)
+        self.admin_paths = frozenset(admin_paths)
+
+    def __call__(self, method: str, path: str, authorization: str) -> Refusal | None:
+        if path in self.open_paths:
+            return None
+        if path in self.admin_paths:
+            key, detail = self.admin_key, ADMIN_DETAIL
+        else:
+            key, detail = self.api_key, UNAUTHORIZED_DETAIL
+        if key is None or bearer_header_ok(authorization, key):
+            return None
+        return unauthorized(detail)
+
+
+class KeyFirstMiddleware:
+    """ASGI middleware: the refusal ``authorize`` names, answered before the body is read."""
+
+    def __init__(self, app: ASGIApp, authorize: Authorize) -> None:
+        self.app = app
+        self.authorize = authorize
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = next(
+                (v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"),
+                "",
+            )
+            refusal = self.authorize(scope["method"], scope["path"], header)
+            if refusal is not None:
+                logger.info("%s %s refused (%d) before its body", scope["method"],
+                            scope["path"][:200], refusal.status)  # fmt: skip
+                headers = UNAUTHORIZED_HEADERS if refusal.status == 401 else None
+                await refuse(send, refusal.status, refusal.detail, headers)
+                return
+        await self.app(scope, receive, send)
+
+
+def mount_key_first(app: FastAPI, authorize: Authorize) -> None:
+    """Put the gate on ``app``. Call it before ``mount_guard``, so that CORS (outside it)
+    answers preflights, which carry no key, and adds its headers to the gate's 401s."""
+    app.add_middleware(KeyFirstMiddleware, authorize=authorize)
+
+
+def schema_routes(expose: bool) -> dict[str, Any]:
+    """FastAPI's keywords for ``/openapi.json``, ``/docs`` and ``/redoc``: all off unless the
+    operator asked for them (``--expose-api-docs``); the gate then asks them for the key."""
+    if expose:
+        return {"openapi_url": "/openapi.json", "docs_url": "/docs", "redoc_url": "/redoc"}
+    return {"openapi_url": None, "docs_url": None, "redoc_url": None}
