@@ -63,6 +63,7 @@ from atroposlib.protocol import (
     WandbInfoResponse,
 )
 from atroposlib.security import mount_guard, require_bearer, warn_if_open
+from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
 from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
@@ -145,16 +146,16 @@ def create_app(
             if own_store:
                 active.close()
 
-    public_docs = settings.api_key is None
     app = BrokerApp(
         title="atroposlib broker",
-        openapi_url="/openapi.json" if public_docs else None,
+        **schema_routes(settings.expose_api_docs),
         lifespan=lifespan,
         dependencies=[Depends(require_bearer(settings.api_key))],
         exception_handlers=_error_handlers(),
     )
     hot = HotRoutes(runtime.get, settings, metrics)
     app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
+    mount_key_first(app, RouteKeys(settings.api_key))  # the schema routes have no dependencies
     mount_guard(app, settings, hot.guard)
     warn_if_open(settings, "the broker")
 

@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=10,
+        proxy_headers=False,  # the peer is who connected, never what a header claims
     )
 
 

@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         http="httptools",
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
+        proxy_headers=False,  # the peer is who connected, never what a header claims
     )
 
 

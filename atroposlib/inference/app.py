@@ -25,6 +25,7 @@ import torch
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from safetensors import SafetensorError
 from transformers import PreTrainedModel
 
@@ -48,6 +49,7 @@ from atroposlib.protocol import (
     UpdateWeightsResponse,
 )
 from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
+from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
 from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
@@ -85,12 +87,12 @@ def create_app(settings: InferenceSettings) -> FastAPI:
             await asyncio.to_thread(scheduler.stop)
             app.state.inference.staging_pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="atroposlib inference", lifespan=lifespan)
+    app = FastAPI(
+        title="atroposlib inference", lifespan=lifespan, **schema_routes(settings.expose_api_docs)
+    )
     app.add_exception_handler(RequestValidationError, _invalid_request)
     chunks = {"/update_weights": (settings.max_weight_chunk_bytes, "--max-weight-chunk-bytes")}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
-    mount_guard(app, settings)
-    warn_if_open(settings, "the inference server")
     guarded = [Depends(require_bearer(settings.api_key))]
     admin = [Depends(require_bearer(settings.admin_key, ADMIN_DETAIL))]
     app.include_router(openai_router, dependencies=guarded)
@@ -98,13 +100,17 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     app.include_router(control_router, dependencies=guarded)
     app.include_router(admin_router, dependencies=admin)
     app.add_api_route("/health", health, methods=["GET"])
-    for path, route in (
-        ("/v1/load_lora_adapter", load_lora_adapter),
-        ("/update_weights_from_disk", update_weights_from_disk),
-    ):
+    for path, route in DISK_LOAD_ROUTES.items():
         app.add_api_route(
             path, route, methods=["POST"], dependencies=admin, response_model=UpdateWeightsResponse
         )
+    # the same keys, checked again before any body is read
+    admin_paths = [*(r.path for r in admin_router.routes if isinstance(r, APIRoute)),
+                   *DISK_LOAD_ROUTES]  # fmt: skip
+    keys = RouteKeys(settings.api_key, settings.admin_key, ["/health"], admin_paths)
+    mount_key_first(app, keys)
+    mount_guard(app, settings)
+    warn_if_open(settings, "the inference server")
     return app
 
 
@@ -202,3 +208,10 @@ async def _swap_in(
         message=f"loaded {path} (waited {waited:.2f} s for requests in flight)",
         weight_version=version,
     )
+
+
+DISK_LOAD_ROUTES: dict[str, Callable[..., Any]] = {
+    "/v1/load_lora_adapter": load_lora_adapter,
+    "/update_weights_from_disk": update_weights_from_disk,
+}
+"""The admin routes that load weights from disk (SGLang's and vLLM's shapes)."""

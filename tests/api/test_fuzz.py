@@ -39,7 +39,7 @@ def _msgpack(_: Any, value: Any) -> bytes:
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(tmp_path: Path) -> None:
-    broker = BrokerProcess(f"sqlite:{tmp_path / 'broker.sqlite3'}").start()
+    broker = BrokerProcess(f"sqlite:{tmp_path / 'broker.sqlite3'}", "--expose-api-docs").start()
     checks = [
         not_a_server_error,
         status_code_conformance,

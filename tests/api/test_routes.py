@@ -7,6 +7,7 @@ import gzip
 import httpx
 import msgpack
 import numpy as np
+import pytest
 from broker_testlib import env_body, in_process, make_group, markers, trainer_body
 
 from atroposlib.api.settings import BrokerSettings
@@ -191,7 +192,7 @@ async def test_auth_required_when_api_key_set() -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             answer = await client.get("/status", headers=headers)
             assert answer.status_code == 401 and "bearer" in answer.json()["detail"]
-            assert (await client.get("/openapi.json", headers=headers)).status_code in (401, 404)
+            assert (await client.get("/openapi.json", headers=headers)).status_code == 401
             posted = await client.post("/scored_data", json=make_group(), headers=headers)
             assert posted.status_code == 401
         ok = await client.get("/status", headers={"Authorization": "Bearer s3cret"})
@@ -258,3 +259,24 @@ async def test_reregistered_trainer_gets_the_same_batches_again(client: httpx.As
     assert again == first[1:]
     fresh = (await client.get("/batch")).json()
     assert fresh["step"] == 4 and markers(fresh["batch"]) == [16, 17]
+
+
+@pytest.mark.parametrize(
+    ("fields", "without_key", "with_key"),
+    [
+        ({}, 404, 404),
+        ({"api_key": "s3cret"}, 401, 404),
+        ({"expose_api_docs": True}, 200, 200),
+        ({"expose_api_docs": True, "api_key": "s3cret"}, 401, 200),
+    ],
+)
+async def test_the_schema_routes_are_off_unless_exposed_then_behind_the_key(
+    fields: dict[str, object], without_key: int, with_key: int
+) -> None:
+    settings = BrokerSettings(store="memory", **fields)  # type: ignore[arg-type]
+    key = {"Authorization": "Bearer s3cret"}
+    async with in_process(settings) as client:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert (await client.get(path)).status_code == without_key, path
+            assert (await client.get(path, headers=key)).status_code == with_key, path
+        assert (await client.get("/status", headers=key)).json()["queue_size"] == 0

@@ -21,7 +21,7 @@ def test_schemathesis_finds_no_server_error(
 ) -> None:
     env = {k: v for k, v in subprocess_env.items() if "API_KEY" not in k}
     flags = ("--api-key", "run-key", "--admin-api-key", "admin-key", "--weight-roots",
-             str(tmp_path), "--max-request-tokens", "64")  # fmt: skip
+             str(tmp_path), "--max-request-tokens", "64", "--expose-api-docs")  # fmt: skip
     server = start_server(test_model_path, env, tmp_path / "server.log", *SERVER_FLAGS, *flags)
     try:
         run = fuzz_operations(server.url, [not_a_server_error], max_examples=15,

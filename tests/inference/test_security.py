@@ -104,3 +104,26 @@ def test_the_runs_shared_key_locks_the_server(
     assert InferenceSettings(model=str(test_model_path)).api_key == "shared"
     monkeypatch.setenv("ATROPOS_INFERENCE_API_KEY", "own")
     assert InferenceSettings(model=str(test_model_path)).api_key == "own"
+
+
+@pytest.mark.parametrize(
+    ("fields", "without_key", "with_key"),
+    [
+        ({}, 404, 404),
+        ({"api_key": "run-key"}, 401, 404),
+        ({"expose_api_docs": True}, 200, 200),
+        ({"expose_api_docs": True, "api_key": "run-key", "admin_api_key": "admin-key"}, 401, 200),
+    ],
+)
+async def test_the_schema_routes_are_off_unless_exposed_then_behind_the_key(
+    test_model_path: Path, fields: dict[str, Any], without_key: int, with_key: int
+) -> None:
+    app = create_app(InferenceSettings(model=str(test_model_path), **fields))
+    transport = httpx.ASGITransport(app=app)  # no lifespan: the schema needs no model
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert (await http.get(path)).status_code == without_key, path
+            assert (await http.get(path, headers=RUN)).status_code == with_key, path
+        if with_key == 200:
+            schema = (await http.get("/openapi.json", headers=RUN)).json()
+            assert "/v1/chat/completions" in schema["paths"]
