@@ -1,13 +1,15 @@
 """The embedded server on a real uvicorn (a process on a free loopback port) as an attacker meets
-it: no key, a wrong or an empty key, a cross-site page, a rebinding name, another caller's weight
-update, a foreign shared-memory block, a path outside the weight roots. Each is refused with its
-status and nothing changes: the weight checksums (``POST /weight_checker``), version and pause
-state. Then the owner's own update goes through, so the refusals are not a server that refuses
-everything."""
+it: no key, a wrong or an empty key, a body that never ends without the key, the schema routes,
+a cross-site page, a rebinding name, another caller's weight update, a foreign shared-memory
+block, a path outside the weight roots, a file in the roots linking out of them. Each is refused
+with its status and nothing changes: the weight checksums (``POST /weight_checker``), version
+and pause state. Then the owner's own update goes through, so the refusals are not a server
+that refuses everything."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import shared_memory
@@ -20,6 +22,7 @@ import torch
 from inference_helpers import SERVER_FLAGS, RunningServer, start_server, stop_server
 
 from atroposlib.protocol import UPDATE_TOKEN_HEADER
+from tests.raw_http import unfinished_post
 
 pytestmark = pytest.mark.model
 ADMIN = {"authorization": "Bearer admin-key"}
@@ -92,6 +95,48 @@ def test_no_wrong_or_empty_key_changes_nothing(keyed: httpx.Client) -> None:
         for path, body in WEIGHT_ROUTES:
             answer = keyed.post(path, json=body, headers=headers)
             assert answer.status_code == 401, (headers, path, answer.text)
+    assert fingerprint(keyed) == before
+
+
+@pytest.mark.parametrize("declared", [60 * 2**20, None], ids=["60-MiB-announced", "chunked"])
+def test_a_body_without_its_key_is_refused_before_it_is_read(
+    keyed: httpx.Client, declared: int | None
+) -> None:
+    before = fingerprint(keyed)
+    url = str(keyed.base_url)
+    run = {"authorization": "Bearer run-key"}
+    for path, wrong_keys in (("/v1/chat/completions", ({}, {"authorization": "Bearer x"})),
+                             ("/generate", ({}, ADMIN)),
+                             ("/update_weights_from_disk", ({}, run)),
+                             ("/update_weights", ({}, run))):  # fmt: skip
+        for headers in wrong_keys:
+            answer = unfinished_post(url, path, headers, declared=declared)
+            assert answer.status == 401, (path, headers, answer.body)
+            assert answer.headers["www-authenticate"] == "Bearer"
+    assert fingerprint(keyed) == before
+
+
+def test_the_schema_routes_are_off_by_default(keyed: httpx.Client) -> None:
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert keyed.get(path).status_code == 401, path
+        assert keyed.get(path, headers={"authorization": "Bearer run-key"}).status_code == 404
+
+
+def test_a_file_linking_out_of_the_roots_is_refused_like_a_missing_path(
+    keyed: httpx.Client, roots: Path, test_model_path: Path
+) -> None:
+    before = fingerprint(keyed)
+    step = roots / "step-linked"
+    step.mkdir()
+    shutil.copy(test_model_path / "config.json", step / "config.json")
+    (step / "model.safetensors").symlink_to(test_model_path / "model.safetensors")
+    answer = keyed.post("/update_weights_from_disk", json={"model_path": str(step)},
+                        headers=ADMIN)  # fmt: skip
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["detail"] == (
+        "model_path: no checkpoint folder of this name under the server's --weight-roots"
+    )
+    assert answer.json()["weight_version"] == before[1]
     assert fingerprint(keyed) == before
 
 

@@ -3,6 +3,7 @@ roots; a missing path and one outside the roots get the same answer."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -78,3 +79,41 @@ def test_an_adapter_needs_its_config_and_safetensors(roots: list[Path]) -> None:
         adapter_folder(str(pickled), roots)
     with pytest.raises(TransferError, match="lora_path: no checkpoint folder"):
         adapter_folder(os.fspath(roots[0] / "nope"), roots)
+
+
+def test_a_file_linking_out_of_the_roots_gets_the_same_answer(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    outside = checkpoint(tmp_path / "elsewhere", "config.json", "model.safetensors")
+    for linked in ("model.safetensors", "config.json", "generation_config.json"):
+        step = checkpoint(roots[0] / f"step-{linked}", "config.json", "model.safetensors")
+        (step / linked).unlink(missing_ok=True)
+        (step / linked).symlink_to(outside / ("model.safetensors" if "safe" in linked else
+                                              "config.json"))  # fmt: skip
+        assert refusal(step, roots) == UNKNOWN, linked
+    dangling = checkpoint(roots[0] / "dangling", "config.json", "model.safetensors")
+    (dangling / "tokenizer.json").symlink_to(tmp_path / "nowhere" / "tokenizer.json")
+    assert refusal(dangling, roots) == UNKNOWN
+    inside = checkpoint(roots[0] / "linked-within", "config.json")
+    (inside / "model.safetensors").symlink_to(roots[0] / "dangling" / "model.safetensors")
+    assert model_folder(str(inside), roots) == inside.resolve()  # a link within the roots
+
+
+def test_an_index_naming_a_shard_outside_the_roots_gets_the_same_answer(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    checkpoint(tmp_path / "elsewhere", "model-00001-of-00001.safetensors")
+    step = checkpoint(roots[0] / "sharded", "config.json", "model-00001-of-00001.safetensors")
+    index = step / "model.safetensors.index.json"
+    for shard, taken in (("model-00001-of-00001.safetensors", True),
+                         ("../../../elsewhere/model-00001-of-00001.safetensors", False),
+                         (str(tmp_path / "elsewhere" / "model-00001-of-00001.safetensors"), False),
+                         ):  # fmt: skip
+        index.write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
+        if taken:
+            assert model_folder(str(step), roots) == step.resolve()
+        else:
+            assert refusal(step, roots) == UNKNOWN, shard
+    for malformed in ("[]", "{", '{"weight_map": 3}'):
+        index.write_text(malformed)
+        assert refusal(step, roots) == UNKNOWN, malformed
