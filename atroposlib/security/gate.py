@@ -13,10 +13,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from atroposlib.security.guard import refuse
 from atroposlib.security.keys import (
     ADMIN_DETAIL,
     UNAUTHORIZED_DETAIL,
@@ -39,6 +39,12 @@ class Refusal:
 
 Authorize = Callable[[str, str, str], Refusal | None]
 """``(method, path, Authorization header) -> Refusal | None`` (None: the request goes on)."""
+ErrorBody = Callable[[int, str], bytes]
+"""A refusal's JSON body from its status and detail (a server's own error shape)."""
+
+
+def detail_body(status: int, detail: str) -> bytes:
+    return orjson.dumps({"detail": detail})
 
 
 def unauthorized(detail: str = UNAUTHORIZED_DETAIL) -> Refusal:
@@ -77,9 +83,12 @@ class RouteKeys:
 class KeyFirstMiddleware:
     """ASGI middleware: the refusal ``authorize`` names, answered before the body is read."""
 
-    def __init__(self, app: ASGIApp, authorize: Authorize) -> None:
+    def __init__(
+        self, app: ASGIApp, authorize: Authorize, error_body: ErrorBody = detail_body
+    ) -> None:
         self.app = app
         self.authorize = authorize
+        self.error_body = error_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -91,16 +100,26 @@ class KeyFirstMiddleware:
             if refusal is not None:
                 logger.info("%s %s refused (%d) before its body", scope["method"],
                             scope["path"][:200], refusal.status)  # fmt: skip
-                headers = UNAUTHORIZED_HEADERS if refusal.status == 401 else None
-                await refuse(send, refusal.status, refusal.detail, headers)
+                await self._refuse(send, refusal)
                 return
         await self.app(scope, receive, send)
 
+    async def _refuse(self, send: Send, refusal: Refusal) -> None:
+        body = self.error_body(refusal.status, refusal.detail)
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]  # fmt: skip
+        if refusal.status == 401:
+            headers += [(k.lower().encode(), v.encode()) for k, v in UNAUTHORIZED_HEADERS.items()]
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
-def mount_key_first(app: FastAPI, authorize: Authorize) -> None:
+
+def mount_key_first(
+    app: FastAPI, authorize: Authorize, error_body: ErrorBody = detail_body
+) -> None:
     """Put the gate on ``app``. Call it before ``mount_guard``, so that CORS (outside it)
     answers preflights, which carry no key, and adds its headers to the gate's 401s."""
-    app.add_middleware(KeyFirstMiddleware, authorize=authorize)
+    app.add_middleware(KeyFirstMiddleware, authorize=authorize, error_body=error_body)
 
 
 def schema_routes(expose: bool) -> dict[str, Any]:

@@ -65,6 +65,7 @@ async def test_without_the_key_nothing_is_read_written_or_deleted(tokenizer: Any
                 answer = await http.request(method, path, json=body, headers=headers)
                 assert answer.status_code == 401, (headers, path)
                 assert "Bearer" in answer.json()["detail"]
+                assert answer.json()["error"]["type"] == "authentication_error"  # OpenAI's shape
                 assert answer.headers["www-authenticate"] == "Bearer"
         assert (await http.get("/health")).status_code == 200
         assert (await http.get(f"/{session}/nodes", headers=own)).json()["nodes"] == nodes
@@ -86,6 +87,7 @@ async def test_another_key_holder_cannot_read_extend_or_close_a_session(tokenize
         unknown = await http.get("/00000000-0000-4000-8000-000000000000/nodes", headers=KEY)
         assert unknown.status_code == 404  # the same answer as for an id that is not open
         assert unknown.json()["detail"].startswith("session: no open session")
+        assert unknown.json()["error"]["type"] == "not_found_error"
         assert (await http.get(f"/{session}/nodes", headers=own)).json()["nodes"] == nodes
         assert (await http.get("/health")).json()["sessions"] == 2
         assert len(engine.sampled) == 2

@@ -165,7 +165,8 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(Exception, _unexpected)
-    mount_key_first(app, ProxyAccess(table, settings.api_key, settings.admin_key))
+    access = ProxyAccess(table, settings.api_key, settings.admin_key)
+    mount_key_first(app, access, _error_body)
     mount_guard(app, settings)
     warn_if_open(settings, "the managed-server proxy")
     _add_health_route(app, table, model_name)
@@ -350,19 +351,25 @@ def _server_info(index: int, server: Any, model_name: str) -> ServerInfo:
     )
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
-                429: "rate_limit_error"}  # fmt: skip
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
 def openai_error(
     status_code: int, message: str, error_type: str | None = None, param: str | None = None
 ) -> Response:
     """An error answer: ``detail`` and OpenAI's ``error`` object (Atropos's name)."""
+    body = _error_body(status_code, message, error_type, param)
+    return Response(body, status_code, media_type="application/json")
+
+
+def _error_body(
+    status_code: int, message: str, error_type: str | None = None, param: str | None = None
+) -> bytes:
     default = "server_error" if status_code >= 500 else "invalid_request_error"
     kind = error_type or _ERROR_TYPES.get(status_code, default)
     error = OpenAIError(message=message, type=kind, code=status_code, param=param)
-    body = ProxyErrorBody(detail=message, error=error)
-    return Response(body.model_dump_json(), status_code, media_type="application/json")
+    return ProxyErrorBody(detail=message, error=error).model_dump_json().encode()
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
