@@ -280,3 +280,19 @@ async def test_the_schema_routes_are_off_unless_exposed_then_behind_the_key(
             assert (await client.get(path)).status_code == without_key, path
             assert (await client.get(path, headers=key)).status_code == with_key, path
         assert (await client.get("/status", headers=key)).json()["queue_size"] == 0
+
+
+async def test_with_a_key_and_cors_preflights_pass_and_refusals_carry_cors_headers() -> None:
+    settings = BrokerSettings(store="memory", api_key="s3cret", cors_origins=["https://ok.example"])
+    origin = {"origin": "https://ok.example"}
+    async with in_process(settings) as client:
+        preflight = await client.options(
+            "/scored_data", headers=origin | {"access-control-request-method": "POST",
+                                              "access-control-request-headers": "authorization"},
+        )  # fmt: skip
+        assert preflight.status_code == 200  # a browser's preflight carries no key
+        refused = await client.post("/scored_data", json=make_group(), headers=origin)
+        assert refused.status_code == 401
+        assert refused.headers["access-control-allow-origin"] == "https://ok.example"
+        key = {"Authorization": "Bearer s3cret"}
+        assert (await client.get("/status", headers=key)).json()["queue_size"] == 0
