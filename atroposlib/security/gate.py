@@ -54,7 +54,16 @@ def unauthorized(detail: str = UNAUTHORIZED_DETAIL) -> Refusal:
 class RouteKeys:
     """Which key each path needs: ``open_paths`` none, ``admin_paths`` the admin key, every
     other path (the schema routes and unknown paths too) the run key. A key that is None
-    opens its paths, as :func:`~atroposlib.security.keys.require_bearer` does."""
+    opens its paths, as :func:`~atroposlib.security.keys.require_bearer` does.
+
+    >>> keys = RouteKeys("run", "admin", open_paths=["/health"], admin_paths=["/pause"])
+    >>> keys("GET", "/health", ""), keys("POST", "/generate", "Bearer run")
+    (None, None)
+    >>> keys("POST", "/generate", "Bearer admin").status, keys("POST", "/pause", "Bearer run")
+    (401, Refusal(status=401, detail="missing or wrong admin bearer token; ..."))
+    >>> RouteKeys(None)("POST", "/generate", "") is None  # no key: open, as on loopback
+    True
+    """
 
     def __init__(
         self,

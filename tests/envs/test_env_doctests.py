@@ -40,6 +40,7 @@ MODULES = [
     "atroposlib.utils.advantages",
     "atroposlib.utils.bounded_json",
     "atroposlib.security.keys",
+    "atroposlib.security.gate",
     "atroposlib.inference.sample_log",
     "atroposlib.utils.html_report",
     "atroposlib.frontend.jsonl2html",
