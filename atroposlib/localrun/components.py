@@ -8,6 +8,7 @@ import sys
 from atroposlib.launcher import Component
 from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.layout import RunLayout
+from atroposlib.localrun.precision import resolve_precision
 from atroposlib.localrun.settings import LocalRunSettings
 
 
@@ -52,6 +53,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--metrics-file", str(layout.metrics_file),
          *(["--time-limit-s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior-logprobs", settings.behavior_logprobs,
+         *resolve_precision(settings.precision, settings.inference).trainer_args,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads),
              **({"CUDA_VISIBLE_DEVICES": ""} if settings.device == "cpu" else {})},
