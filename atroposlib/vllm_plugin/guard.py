@@ -1,4 +1,4 @@
-"""The bearer key and browser guard of a vLLM server that we start, as a vLLM middleware.
+"""The bearer keys and browser guard of a vLLM (or SGLang) server that we start, as a middleware.
 
 vLLM's ``--api-key`` covers its ``/v1`` routes only; with ``VLLM_SERVER_DEV_MODE`` (which the
 RL routes need) ``/pause``, ``/update_weights``, ``/collective_rpc``, ``/update_weight_version``
@@ -48,6 +48,7 @@ RUN_PATHS = frozenset((
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses",
     "/v1/embeddings", "/v1/score", "/v1/rerank", "/v1/realtime", "/tokenize", "/detokenize",
     "/inference/v1/generate", "/generate", "/weight_info", "/get_weight_version", "/is_paused",
+    "/get_model_info", "/health_generate",
 ))  # fmt: skip
 """What the run key opens besides the open paths: sampling and reading. Every other route is
 the admin key's, so a route a new vLLM adds is closed to the run key until listed here."""

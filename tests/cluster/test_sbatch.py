@@ -341,24 +341,26 @@ def test_vllm_and_sglang_get_the_jobs_key_for_every_route_off_the_command_line(
         assert value_after(server, "--middleware") == "atroposlib.vllm_plugin.guard.VllmGuard"
         # the routes an in-flight push uses (pause, reload, version), under that middleware
         assert "VLLM_SERVER_DEV_MODE=1" in server[: server.index("-m")]
-    else:  # the launcher turns ATROPOS_API_KEY into SGLang's --api-key inside the process
+    else:  # the launcher puts our guard, with the keys, around SGLang's app
         assert value_after(server, "-m") == "atroposlib.cli.sglang_keyed"
     assert (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[0] == key
     assert not any(key in arg for arg in server) and "--api-key" not in server
 
 
-def test_sglang_keyed_adds_the_key_inside_the_process_and_refuses_a_missing_one() -> None:
-    from atroposlib.cli.sglang_keyed import keyed_argv
+def test_sglang_keyed_gives_sglang_no_key_and_refuses_what_would_leak_or_open_it() -> None:
+    from atroposlib.cli.sglang_keyed import server_argv
 
-    keyed = keyed_argv(["--port", "1"], {"ATROPOS_API_KEY": "k"})
-    assert keyed == ["--port", "1", "--api-key", "k"]
+    keyed = server_argv(["--port", "1"], {"ATROPOS_API_KEY": "k"})
+    assert keyed == ["--port", "1", "--skip-server-warmup"]  # no --api-key: nothing to log
     for environ, argv, why in [
         ({}, [], "is not set"),
         ({"ATROPOS_API_KEY": " "}, [], "set but empty"),
-        ({"ATROPOS_API_KEY": "k"}, ["--api-key=k"], "shows the key in ps"),
+        ({"ATROPOS_API_KEY": "k"}, ["--api-key=k"], "shows in ps"),
+        ({"ATROPOS_API_KEY": "k"}, ["--admin-api-key", "a"], "shows in ps"),
+        ({"ATROPOS_API_KEY": "k"}, ["--tokenizer-worker-num", "4"], "without the guard"),
     ]:
         with pytest.raises(ValueError, match=why):
-            keyed_argv(argv, environ)
+            server_argv(argv, environ)
 
 
 def test_an_empty_key_stops_the_job_before_anything_starts(tmp_path: Path) -> None:
