@@ -91,7 +91,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
     mount_guard(app, settings)
     warn_if_open(settings, "the inference server")
-    guarded = [Depends(require_bearer(settings.api_key))]
+    guarded = [Depends(require_bearer(settings.run_keys))]
     admin = [Depends(require_bearer(settings.admin_key, ADMIN_DETAIL))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)

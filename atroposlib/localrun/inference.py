@@ -90,8 +90,10 @@ class VllmInference:
     ~1e-5; the trainer writes each step's weights to a folder and vLLM reloads them in place
     (``weight_sync vllm``, transport ``disk``: ``/collective_rpc`` ``reload_weights``, which
     needs ``VLLM_SERVER_DEV_MODE``), waiting for the replies in flight. Bound to loopback, every
-    route but ``/health`` behind the run's key (:mod:`atroposlib.vllm_plugin.guard`, which reads
-    ``ATROPOS_API_KEY`` from the run's environment): vLLM's own key covers ``/v1`` only."""
+    route but ``/health`` behind the run's keys (:mod:`atroposlib.vllm_plugin.guard`, which reads
+    ``ATROPOS_API_KEY`` and ``ATROPOS_ADMIN_API_KEY`` from the environment): the run key samples,
+    the trainer's admin key reloads weights and pauses. vLLM's own key (``VLLM_API_KEY``) is
+    not set: it covers ``/v1`` only and would refuse the admin key there."""
 
     server_type: str = "vllm"
     version_path: str = "/weight_info"

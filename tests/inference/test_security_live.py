@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import SERVER_FLAGS, RunningServer, start_server, stop_server
+from inference_helpers import SERVED_NAME, SERVER_FLAGS, RunningServer, start_server, stop_server
 
 from atroposlib.protocol import UPDATE_TOKEN_HEADER
 
@@ -53,9 +53,10 @@ def keyed(
     tmp_path_factory: pytest.TempPathFactory,
     roots: Path,
 ) -> Iterator[httpx.Client]:
+    # the keys as launchers hand them over: the run's two variables, never a flag
     env = {k: v for k, v in subprocess_env.items() if "API_KEY" not in k}
-    flags = ("--api-key", "run-key", "--admin-api-key", "admin-key", "--weight-roots", str(roots))
-    server = launch(test_model_path, env, tmp_path_factory, *flags)
+    env |= {"ATROPOS_API_KEY": "run-key", "ATROPOS_ADMIN_API_KEY": "admin-key"}
+    server = launch(test_model_path, env, tmp_path_factory, "--weight-roots", str(roots))
     with httpx.Client(base_url=server.url, timeout=120) as http:
         yield http
     stop_server(server)
@@ -92,6 +93,16 @@ def test_no_wrong_or_empty_key_changes_nothing(keyed: httpx.Client) -> None:
         for path, body in WEIGHT_ROUTES:
             answer = keyed.post(path, json=body, headers=headers)
             assert answer.status_code == 401, (headers, path, answer.text)
+    assert fingerprint(keyed) == before
+
+
+def test_the_run_key_samples_and_the_admin_key_opens_everything(keyed: httpx.Client) -> None:
+    before = fingerprint(keyed)
+    body = {"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    for headers in ({"authorization": "Bearer run-key"}, ADMIN):
+        answer = keyed.post("/v1/completions", json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert keyed.get("/weight_info", headers=headers).status_code == 200
     assert fingerprint(keyed) == before
 
 
