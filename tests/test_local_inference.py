@@ -140,8 +140,8 @@ def test_precision_follows_the_cpus_native_bf16_on_server_and_trainer(
     monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
     settings = LocalRunSettings(precision=choice)
     layout = RunLayout(tmp_path, "/models/smol", 1, 2)
-    assert flag(list(components.inference(layout, settings).argv), "--dtype") == server_dtype
-    trainer = list(components.trainer(layout, settings).argv)
+    assert flag(list(components.inference(layout, settings, KEYS).argv), "--dtype") == server_dtype
+    trainer = list(components.trainer(layout, settings, KEYS).argv)
     assert flag(trainer, "--precision") == trainer_precision
     assert ("--fp32-logits" in trainer) == (trainer_precision == "bf16")
 
@@ -158,7 +158,7 @@ def test_precision_auto_keeps_vllm_in_fp32_even_on_a_bf16_cpu(
     monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
     layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
     auto = LocalRunSettings(inference="vllm")
-    assert flag(list(components.inference(layout, auto).argv), "--dtype") == "float32"
-    assert flag(list(components.trainer(layout, auto).argv), "--precision") == "auto"
+    assert flag(list(components.inference(layout, auto, KEYS).argv), "--dtype") == "float32"
+    assert flag(list(components.trainer(layout, auto, KEYS).argv), "--precision") == "auto"
     asked = LocalRunSettings(inference="vllm", precision="bf16")
-    assert flag(list(components.inference(layout, asked).argv), "--dtype") == "bfloat16"
+    assert flag(list(components.inference(layout, asked, KEYS).argv), "--dtype") == "bfloat16"
