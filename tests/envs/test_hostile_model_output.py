@@ -192,3 +192,39 @@ async def test_the_verifiers_harness_answers_a_hostile_call_with_an_error(name: 
     assert tool_answer["role"] == "tool" and tool_answer["tool_call_id"] == "c1"
     assert tool_answer["content"].startswith("error: invalid JSON in tool arguments")
     assert messages[-1]["content"] == "done"
+
+
+class HermesLikeVllmParser:
+    """A stand-in for vLLM's hermes parser where vLLM does not import: like vLLM 0.32's, it
+    writes the decoded arguments back with ``json.dumps(..., ensure_ascii=False)`` and catches
+    every exception (a lone surrogate survives; ``RecursionError`` is "no call")."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def extract_tool_calls(self, text: str, request: Any) -> Any:
+        try:
+            decoded = json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+            function = SimpleNamespace(
+                name=decoded["name"], arguments=json.dumps(decoded["arguments"], ensure_ascii=False)
+            )
+        except Exception:
+            return SimpleNamespace(tools_called=False, tool_calls=[], content=text)
+        call = SimpleNamespace(id="call_1", function=function)
+        return SimpleNamespace(tools_called=True, tool_calls=[call], content=None)
+
+
+@pytest.mark.parametrize("name", ["lone surrogate name", "lone surrogate argument"])
+def test_the_translator_over_a_vllm_parser_answers_text_for_a_call_no_reply_can_carry(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = SimpleNamespace(get_tool_parser=lambda _: HermesLikeVllmParser)
+    fake_vllm = {"ToolParserManager": manager, "ChatCompletionRequest": SimpleNamespace}
+    monkeypatch.setattr(tool_call_translator, "_vllm_classes", lambda: fake_vllm)
+    translator = ToolCallTranslator(ChatCharTokenizer(), parser_name="hermes")
+    assert translator.parser is not None
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    text = f"<tool_call>{HOSTILE[name]}</tool_call>"
+    assert translator.parse_model_output(text, "auto", tools) == (text, None, "stop")
+    [call] = translator.parse_model_output(GOOD, "auto", tools)[1] or []
+    assert (call.function.name, call.function.arguments) == ("f", '{"x": 1}')
