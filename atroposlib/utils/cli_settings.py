@@ -2,14 +2,14 @@
 
 ``CommandLineSettings``: the command line only (``atropos-sandbox-check``, the SLURM planner,
 ``eval_runner``). ``BrokerClientSettings``: the tool's own variables (``ATROPOS_EXPORT_*``,
-``ATROPOS_VIEW_*``), then the run's shared ``ATROPOS_API_KEY`` for ``api_key``
-(and ``ATROPOS_ADMIN_API_KEY`` for an ``admin_api_key`` field).
+``ATROPOS_VIEW_*``), then the run's key ``ATROPOS_API_KEY`` for ``api_key``; a tool that takes
+batches (an admin route) reads the admin key ``ATROPOS_ADMIN_API_KEY`` first.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -56,9 +56,28 @@ class SharedApiKey(PydanticBaseSettingsSource):
         }
 
 
+class BatchReaderApiKey(SharedApiKey):
+    """``api_key`` of a tool that takes batches from the broker (an admin route, as the
+    trainer's): ``ATROPOS_ADMIN_API_KEY`` when set, else ``ATROPOS_API_KEY``."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        key = os.environ.get(SHARED_ADMIN_API_KEY) or os.environ.get(SHARED_API_KEY)
+        return (
+            {"api_key": key}
+            if key is not None and "api_key" in self.settings_cls.model_fields
+            else {}
+        )
+
+
 class BrokerClientSettings(BaseSettings):
     """Settings of a tool that reads from the broker: its ``api_key`` falls back to
-    ``ATROPOS_API_KEY`` below the tool's own variable."""
+    ``ATROPOS_API_KEY`` below the tool's own variable; with ``takes_batches`` (an admin
+    route) to ``ATROPOS_ADMIN_API_KEY`` first."""
+
+    takes_batches: ClassVar[bool] = False
 
     @classmethod
     def settings_customise_sources(
@@ -74,5 +93,5 @@ class BrokerClientSettings(BaseSettings):
             env_settings,
             dotenv_settings,
             file_secret_settings,
-            SharedApiKey(settings_cls),
+            (BatchReaderApiKey if cls.takes_batches else SharedApiKey)(settings_cls),
         )
