@@ -102,3 +102,8 @@ class InferenceRejectedError(InferenceError):
 
 class ContextFullError(AtroposError):
     """A trajectory leaves no room to sample under the env's ``max_token_length``."""
+
+
+class ModelOutputError(AtroposError, ValueError):
+    """Model-written JSON that cannot be used: malformed, nested too deep, too large, or holding
+    text that is not UTF-8 (a lone surrogate). The caller treats the reply as malformed."""

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -53,9 +53,13 @@ class Supervisor:
         *,
         http: httpx.Client | None = None,
         env: Mapping[str, str] | None = None,
+        withheld: Collection[str] = (),
     ) -> None:
-        """``env``: variables every component gets (the run's key), below its own ``env``."""
+        """``env``: variables every component gets (the run's key), below its own ``env``;
+        ``withheld``: variables of this process that no component inherits (an admin key the
+        launching shell holds: only a component's own ``env`` may carry one)."""
         self.env = dict(env or {})
+        self.withheld = frozenset(withheld)
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._http = http or httpx.Client(timeout=2.0)
@@ -69,7 +73,7 @@ class Supervisor:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **self.env, **component.env},
+            env={**self.inherited(), **self.env, **component.env},
             start_new_session=True,
         )
         log_file.close()
@@ -78,6 +82,10 @@ class Supervisor:
         logger.info("started %s (pid %d), log %s", component.name, process.pid, log_path)
         if component.health_url:
             self._wait_healthy(running)
+
+    def inherited(self) -> dict[str, str]:
+        """This process's variables that every component inherits."""
+        return {k: v for k, v in os.environ.items() if k not in self.withheld}
 
     def exited(self) -> list[tuple[str, int]]:
         """Components that have exited, with their return codes."""

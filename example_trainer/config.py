@@ -141,12 +141,10 @@ class WandbConfig(BaseModel):
     name: str | None = Field(None, description="wandb run name.")
 
 
-def _shared_api_key() -> SecretStr | None:
-    key = os.environ.get("ATROPOS_API_KEY")
-    return SecretStr(key) if key else None
-
-
 def _shared_admin_key() -> SecretStr | None:
+    """The run's admin key (``ATROPOS_ADMIN_API_KEY``), else its run key (``ATROPOS_API_KEY``):
+    every call the trainer makes is an admin one (registering, batches, weight pushes), and a
+    server without an admin key takes its run key for those routes."""
     key = os.environ.get("ATROPOS_ADMIN_API_KEY") or os.environ.get("ATROPOS_API_KEY")
     return SecretStr(key) if key else None
 
@@ -172,9 +170,11 @@ class TrainerConfig(LayeredSettings):
     )
     broker_url: str = Field("http://localhost:8000", description="atroposlib broker base URL.")
     broker_api_key: SecretStr | None = Field(
-        default_factory=_shared_api_key,
-        description="Bearer token for the broker (run-api's --api-key). Default: the "
-        "ATROPOS_API_KEY environment variable, which also locks run-api and reaches the envs.",
+        default_factory=_shared_admin_key,
+        description="Bearer token for the broker's trainer routes (/register, /batch, /ack: "
+        "run-api's --admin-api-key when set, else its --api-key). Default: "
+        "ATROPOS_ADMIN_API_KEY, else ATROPOS_API_KEY (atropos-local and the sbatch script set "
+        "both; only the trainer gets the admin key).",
     )
     broker_patience_s: float = Field(
         600.0, ge=0, description="How long to wait out a broker outage before giving up."
@@ -288,9 +288,10 @@ class TrainerConfig(LayeredSettings):
     )
     inference_api_key: SecretStr | None = Field(
         default_factory=_shared_admin_key,
-        description="Bearer token for the inference servers' weight endpoints (their "
-        "--admin-api-key when set, else their --api-key). Default: ATROPOS_ADMIN_API_KEY, "
-        "else ATROPOS_API_KEY (the run's key, which atropos-local and the sbatch script set).",
+        description="Bearer token for the inference servers' weight, pause and LoRA routes "
+        "(their --admin-api-key or ATROPOS_ADMIN_API_KEY when set, else their --api-key). "
+        "Default: ATROPOS_ADMIN_API_KEY, else ATROPOS_API_KEY (atropos-local and the sbatch "
+        "script set both; only the trainer gets the admin key).",
     )
     sync_interval: int = Field(1, gt=0, description="Push weights every N steps.")
     keep_last_weights: int = Field(
@@ -302,8 +303,12 @@ class TrainerConfig(LayeredSettings):
     sync_retries: int = Field(3, ge=0, description="Retries per server for a failed weight push.")
     sync_timeout: float = Field(300.0, gt=0, description="Seconds per weight-push request.")
     vllm_command: str = Field(
-        "python -m vllm.entrypoints.openai.api_server --model {model} --port {port}",
-        description="vllm_restart: command that serves {model} on {port}.",
+        "python -m vllm.entrypoints.openai.api_server --model {model} --host 127.0.0.1 "
+        "--port {port} --middleware atroposlib.vllm_plugin.guard.VllmGuard",
+        description="vllm_restart: command that serves {model} on {port}. The default listens "
+        "on loopback behind our guard, which takes the keys from the trainer's environment "
+        "(ATROPOS_API_KEY, ATROPOS_ADMIN_API_KEY), never from the command line; on another "
+        "--host it serves other machines only with ATROPOS_API_KEY set.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     precision: Literal["auto", "bf16", "fp32"] = Field(

@@ -21,24 +21,35 @@ default here (vLLM's own default is the untempered ``raw_logprobs``). A bad fiel
 naming it; ``stream`` is not offered (422). A dead engine answers 500 with vLLM's
 ``EngineDeadError`` message.
 
-By default it listens on every interface, as ``vllm serve`` and Atropos's server do, because
-environments usually run on other nodes; ``--host 127.0.0.1`` keeps it local. On vLLM's CPU
+It listens on loopback unless ``--host`` says otherwise, behind the guard our vLLM servers
+mount (:mod:`atroposlib.vllm_plugin.guard`), which reads the keys from the environment:
+``ATROPOS_API_KEY`` (the run key) opens ``/generate``, ``ATROPOS_ADMIN_API_KEY`` every route;
+``/health`` stays open; without a key only loopback is served. Another ``--host`` (environments
+on other nodes: ``--host 0.0.0.0``) needs ``ATROPOS_API_KEY`` (or ``ATROPOS_INSECURE_NO_KEY=1``
+to serve the network open on purpose): it stops at once with a one-line reason. On vLLM's CPU
 build a seeded request whose prefill is chunked kills the engine ("CPU Generator does not use
 offset"), so there ``seed`` is dropped with a warning, once.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import os
+import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from atroposlib.security.guard import is_loopback
+from atroposlib.security.keys import KEY_VARIABLE
+from atroposlib.vllm_plugin.guard import INSECURE_VARIABLE, VllmGuard, settings_from
 
 logger = logging.getLogger("example_trainer.vllm_api_server")
 
@@ -194,9 +205,38 @@ async def generate(request: GenerateRequest) -> Response:
     return JSONResponse(answer(final, "logprobs" in fields, "prompt_logprobs" in fields))
 
 
+DEFAULT_HOST = "127.0.0.1"
+
+
+def guarded(environ: Mapping[str, str]) -> VllmGuard:
+    """The app behind the guard, keyed from ``environ``, as ``main`` serves it."""
+    return VllmGuard(app, environ)
+
+
+def bind_refusal(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Why the server must not start (one line), read before vLLM is imported; None: it may."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--host", default=DEFAULT_HOST)
+    host = early.parse_known_args(list(argv))[0].host
+    try:
+        keys = settings_from(environ)
+    except ValidationError as exc:
+        return "; ".join(str(error["msg"]).removeprefix("Value error, ") for error in exc.errors())
+    if keys.run_keys or keys.insecure_no_key or is_loopback(host):
+        return None
+    return (
+        f"--host {host} is reachable from other machines and {KEY_VARIABLE} is not set: export "
+        f"the run's key, bind {DEFAULT_HOST}, or set {INSECURE_VARIABLE}=1 to serve it open"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse vLLM's engine flags plus ``--host``/``--port``, start the engine, serve."""
     global engine, drop_seed
+    arguments = sys.argv[1:] if argv is None else argv
+    refusal = bind_refusal(arguments, os.environ)
+    if refusal is not None:
+        sys.exit(f"vllm_api_server: error: {refusal}")
     import uvicorn
     from vllm import AsyncEngineArgs, AsyncLLMEngine
     from vllm.platforms import current_platform
@@ -204,11 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="0.0.0.0", help="interface to listen on")
+    parser.add_argument("--host", default=DEFAULT_HOST, help="interface to listen on")
     parser.add_argument("--port", type=int, default=9001)
     parser = AsyncEngineArgs.add_cli_args(parser)
     parser.set_defaults(logprobs_mode="processed_logprobs")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     log_level = str(getattr(args, "log_level", "info")).lower()  # vLLM's --log-level
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -217,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     drop_seed = current_platform.is_cpu() and bool(scheduler.enable_chunked_prefill)
     logger.info("serving %s on http://%s:%d (/generate, /health)", args.model, args.host, args.port)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=log_level)
+        uvicorn.run(guarded(os.environ), host=args.host, port=args.port, log_level=log_level)
     finally:
         engine.shutdown()
 

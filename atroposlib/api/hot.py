@@ -43,10 +43,11 @@ from atroposlib.protocol import (
     ScoredDataResponse,
 )
 from atroposlib.security import (
+    ADMIN_DETAIL,
     UNAUTHORIZED_DETAIL,
     UNAUTHORIZED_HEADERS,
     BrowserGuard,
-    bearer_header_ok,
+    bearer_matches,
 )
 
 logger = logging.getLogger(__name__)
@@ -87,8 +88,8 @@ def forbidden_answer(reason: str) -> Answer:
     return Answer(403, orjson.dumps({"detail": reason}), "application/json")
 
 
-def unauthorized_answer() -> Answer:
-    body = orjson.dumps({"detail": UNAUTHORIZED_DETAIL})
+def unauthorized_answer(detail: str = UNAUTHORIZED_DETAIL) -> Answer:
+    body = orjson.dumps({"detail": detail})
     return Answer(401, body, "application/json", dict(UNAUTHORIZED_HEADERS))
 
 
@@ -117,6 +118,8 @@ class HotRoute:
     handler: Handler
     response_model: type[BaseModel]
     openapi_extra: dict[str, Any]
+    admin: bool = False
+    """The trainer's route: it needs the admin key (the run key when there is none)."""
 
 
 class HotRoutes:
@@ -131,7 +134,7 @@ class HotRoutes:
         self._gzipper = Gzipper(minimum_size=1000, gzip_level=settings.gzip_level)
         self.guard = BrowserGuard(settings)
         self.declared = (
-            HotRoute("GET", "/batch", self.batch, BatchResponse, _RECEIVED_QUERY),
+            HotRoute("GET", "/batch", self.batch, BatchResponse, _RECEIVED_QUERY, admin=True),
             HotRoute(
                 "POST", "/scored_data", self.scored_data, ScoredDataResponse,
                 request_body(ScoredData, "One scored group."),
@@ -141,8 +144,8 @@ class HotRoutes:
                 request_body(list[ScoredData], "Scored groups, queued all or none."),
             ),
         )  # fmt: skip
-        self.routes: dict[tuple[str, str], Handler] = {
-            (route.method, route.path): route.handler for route in self.declared
+        self.routes: dict[tuple[str, str], HotRoute] = {
+            (route.method, route.path): route for route in self.declared
         }
 
     # -- the routes ---------------------------------------------------------------------
@@ -185,16 +188,15 @@ class HotRoutes:
 
     # -- raw ASGI -----------------------------------------------------------------------
 
-    async def serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+    async def serve(self, route: HotRoute, scope: Scope, receive: Receive, send: Send) -> None:
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
-        api_key = self._settings.api_key
+        settings = self._settings
+        keys = settings.admin_key if route.admin else settings.run_keys
         try:
-            if api_key is not None and not bearer_header_ok(
-                headers.get("authorization", ""), api_key
-            ):
-                answer = unauthorized_answer()
+            if keys and not bearer_matches(headers.get("authorization", ""), keys):
+                answer = unauthorized_answer(ADMIN_DETAIL if route.admin else UNAUTHORIZED_DETAIL)
             elif (refusal := self.guard.refusal(headers)) is not None:
                 answer = forbidden_answer(refusal)
             else:
@@ -202,7 +204,7 @@ class HotRoutes:
                 if scope["method"] == "POST":
                     body = await read_body_chunks(headers, _chunks(receive), self._settings)
                 query = scope["query_string"].decode("latin-1")
-                answer = await handler(headers, body, query)
+                answer = await route.handler(headers, body, query)
         except _Disconnected:
             return
         except Exception as err:

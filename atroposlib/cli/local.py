@@ -32,10 +32,11 @@ from atroposlib.launcher import ComponentFailedError, Supervisor
 from atroposlib.localrun import components, report
 from atroposlib.localrun.components import RunLayout
 from atroposlib.localrun.inference import INFERENCE
+from atroposlib.localrun.keys import WITHHELD, RunKeys
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.periodic import RunWatch
+from atroposlib.localrun.precision import resolve_precision
 from atroposlib.localrun.settings import LocalRunSettings, resolve
-from atroposlib.security import KEY_VARIABLE, new_key
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 
 PROG = "atropos-local"
@@ -68,18 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     layout = _layout(settings)
     console.print(f"run folder: {layout.run_dir}", soft_wrap=True)
     signal.signal(signal.SIGTERM, _interrupt)
-    key = new_key()
-    auth = {"Authorization": f"Bearer {key}"}
+    keys = RunKeys.generate()
+    auth = {"Authorization": f"Bearer {keys.run}"}  # the panel only reads: the run key
     with (
         httpx.Client(timeout=2.0, headers=auth) as http,
         Supervisor(layout.run_dir, http=httpx.Client(timeout=2.0, headers=auth),
-                   env=run_key_environment(key)) as supervisor,
+                   env=keys.run_environment(), withheld=WITHHELD) as supervisor,
     ):  # fmt: skip
         poller = StatusPoller(layout, http)
         watch = RunWatch(settings, layout, supervisor, poller)
         try:
             with _display(settings) as display:
-                code = _run(settings, layout, supervisor, watch, display)
+                code = _run(settings, layout, supervisor, watch, display, keys)
         except ComponentFailedError as err:
             errors.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
             code = 1
@@ -97,13 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         held_out=watch.summary(),
     )
     return code
-
-
-def run_key_environment(key: str) -> dict[str, str]:
-    """The variables that hand one run's key to every process: the broker, the inference
-    server (embedded: ``ATROPOS_API_KEY``; vLLM: ``VLLM_API_KEY``, its ``/v1`` routes), the
-    trainer (broker and weight pushes) and the env (broker and sampling)."""
-    return {KEY_VARIABLE: key, "ATROPOS_OPENAI__API_KEY": key, "VLLM_API_KEY": key}
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -143,17 +137,18 @@ def _run(
     supervisor: Supervisor,
     watch: RunWatch,
     display: Display,
+    keys: RunKeys,
 ) -> int:
     poller = watch.poller
     status = poller.status
     status.phase = "starting broker and inference server"
     display.update(status)
-    supervisor.start(components.broker(layout))
-    supervisor.start(components.inference(layout, settings))
+    supervisor.start(components.broker(layout, keys))
+    supervisor.start(components.inference(layout, settings, keys))
     if settings.eval_size:
         _evaluate(settings, layout, watch, display, "before")
     status.phase = "training"
-    supervisor.start(components.trainer(layout, settings))
+    supervisor.start(components.trainer(layout, settings, keys))
     supervisor.start(components.environment(layout, settings))
     _follow(supervisor, "trainer", poller, display, watch.tick)
     trainer_code = supervisor.returncode("trainer")
@@ -269,6 +264,7 @@ def _write_report(
         comparison,
         exit_code=code,
         steps=settings.steps,
+        precision=resolve_precision(settings.precision, settings.inference).name,
         final_weight_version=weight_version,
         wall_s=round(time.monotonic() - started_at, 1),
         disk_bytes=report.disk_usage(layout.run_dir),

@@ -110,11 +110,13 @@ def broker_flags(path: Path) -> list[str]:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--broker-flags: {path} must hold a mapping of broker settings")
-    if "api_key" in data:
-        raise ConfigError(
-            f"--broker-flags: {path} sets api_key, which would put the key on the broker's "
-            "command line (ps, commands.tsv); remove it and export ATROPOS_API_KEY for the job"
-        )
+    for field, variable in (("api_key", "ATROPOS_API_KEY"),
+                            ("admin_api_key", "ATROPOS_ADMIN_API_KEY")):  # fmt: skip
+        if field in data:
+            raise ConfigError(
+                f"--broker-flags: {path} sets {field}, which would put the key on the broker's "
+                f"command line (ps, commands.tsv); remove it and export {variable} for the job"
+            )
     flags: list[str] = []
     for name, value in data.items():
         flag = "--" + str(name).replace("_", "-")

@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from atroposlib.utils.bounded_json import loads_bounded
+from atroposlib.errors import ModelOutputError
+from atroposlib.utils.bounded_json import loads_model_output
 
 TOOLS_PROMPT = (
     "You can call these tools:\n<tools>\n{tools}\n</tools>\n"
@@ -54,8 +55,8 @@ def parse_tool_calls(
     calls = []
     for block in (_TOOL_CALL_OR_UNCLOSED if allow_unclosed else _TOOL_CALL).findall(text):
         try:
-            decoded = loads_bounded(block)
-        except ValueError:
+            decoded = loads_model_output(block)
+        except ModelOutputError:
             continue
         if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
             continue
@@ -86,8 +87,8 @@ def tool_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
         function = call.get("function", call)
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):
-                arguments = loads_bounded(arguments)
+            with contextlib.suppress(ModelOutputError):
+                arguments = loads_model_output(arguments)
         call_json = json.dumps({"name": function.get("name"), "arguments": arguments})
         blocks.append(f"<tool_call>\n{call_json}\n</tool_call>")
     content = message.get("content") or ""

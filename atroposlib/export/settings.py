@@ -2,7 +2,7 @@
 
 Each field is a ``--kebab-case`` flag whose help is its description (``filepath`` is the
 positional argument); ``ATROPOS_EXPORT_<FIELD>`` environment variables fill what the command line
-leaves out (``api_key`` also reads ``ATROPOS_API_KEY``, as the broker does).
+leaves out (``api_key`` also reads ``ATROPOS_ADMIN_API_KEY``, else ``ATROPOS_API_KEY``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 class ExportSettings(BrokerClientSettings):
     """Options shared by both exporters (``filepath`` is the positional argument)."""
 
+    takes_batches = True
+
     model_config = SettingsConfigDict(
         env_prefix="ATROPOS_EXPORT_", extra="forbid", cli_implicit_flags="toggle"
     )
@@ -40,7 +42,8 @@ class ExportSettings(BrokerClientSettings):
     )
     api_key: str | None = Field(
         default=None,
-        description="Bearer token of the broker, when it requires one (or ATROPOS_API_KEY).",
+        description="Bearer token of the broker, when it requires one (default: "
+        "ATROPOS_ADMIN_API_KEY, else ATROPOS_API_KEY; taking batches needs the admin key).",
     )
     group_size: int = Field(
         default=2,

@@ -93,7 +93,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     chunks = {"/update_weights": (settings.max_weight_chunk_bytes, "--max-weight-chunk-bytes")}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=chunks)
-    guarded = [Depends(require_bearer(settings.api_key))]
+    guarded = [Depends(require_bearer(settings.run_keys))]
     admin = [Depends(require_bearer(settings.admin_key, ADMIN_DETAIL))]
     app.include_router(openai_router, dependencies=guarded)
     app.include_router(token_router, dependencies=guarded)
@@ -107,7 +107,7 @@ def create_app(settings: InferenceSettings) -> FastAPI:
     # the same keys, checked again before any body is read
     admin_paths = [*(r.path for r in admin_router.routes if isinstance(r, APIRoute)),
                    *DISK_LOAD_ROUTES]  # fmt: skip
-    keys = RouteKeys(settings.api_key, settings.admin_key, ["/health"], admin_paths)
+    keys = RouteKeys(settings.run_keys, settings.admin_key, ["/health"], admin_paths)
     mount_key_first(app, keys)
     mount_guard(app, settings)
     warn_if_open(settings, "the inference server")

@@ -16,7 +16,8 @@ class InferenceSettings(BaseSettings, AccessSettings):
     """``atropos-inference``: an OpenAI-compatible server around a transformers causal LM.
 
     ``--api-key`` (else ``ATROPOS_INFERENCE_API_KEY``, else the run's ``ATROPOS_API_KEY``)
-    guards every route but ``/health``; the weight routes take ``--admin-api-key`` when set."""
+    guards every route but ``/health``; the weight routes take ``--admin-api-key`` (else
+    ``ATROPOS_INFERENCE_ADMIN_API_KEY``, else the run's ``ATROPOS_ADMIN_API_KEY``) when set."""
 
     model_config = SettingsConfigDict(
         env_prefix="ATROPOS_INFERENCE_",

@@ -24,11 +24,18 @@ IDLE_MARGIN = 0.25
 """A core counts as idle when the others used less than this share of it."""
 
 
-def machine_busy_seconds(stat: Path = Path("/proc/stat")) -> float:
-    """CPU seconds every core of the machine has spent busy (not idle or waiting on I/O)."""
+def machine_busy_seconds(stat: Path = Path("/proc/stat"), niced_yield: bool | None = None) -> float:
+    """CPU seconds every core of the machine has spent busy (not idle or waiting on I/O).
+
+    Time of niced processes counts as idle while this process is not niced itself
+    (``niced_yield``, by default): the kernel gives a niced process's core to us at once (a
+    nice-19 process gets ~1.5 % of a core beside a normal one), so background jobs on a shared
+    machine do not keep the server at ``--threads``."""
+    if niced_yield is None:
+        niced_yield = os.nice(0) == 0
     fields = stat.read_text().splitlines()[0].split()[1:]
     jiffies = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
-    idle = jiffies[3] + jiffies[4]
+    idle = jiffies[3] + jiffies[4] + (jiffies[1] if niced_yield else 0)
     return (sum(jiffies) - idle) / os.sysconf("SC_CLK_TCK")
 
 

@@ -7,13 +7,14 @@ text that may be the start of a call is held back and each call is sent whole, a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from atroposlib.envs.hermes import parse_tool_calls
+from atroposlib.errors import ModelOutputError
 from atroposlib.protocol import ChatMessageOut
+from atroposlib.utils.bounded_json import loads_model_output
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ def _decoded_arguments(call: Any) -> Any:
     if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
         return call
     try:
-        arguments = json.loads(function["arguments"])
-    except ValueError:
-        return call  # not JSON: the template gets the text as it is
+        arguments = loads_model_output(function["arguments"])
+    except ModelOutputError:
+        return call  # not JSON (or too deep, too large): the template gets the text as it is
     return {**call, "function": {**function, "arguments": arguments}}
 
 

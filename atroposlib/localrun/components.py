@@ -1,13 +1,20 @@
-"""The command lines of a local run's processes, all on loopback ports chosen at start."""
+"""The command lines of a local run's processes, all on loopback ports chosen at start.
+
+Every process gets the run key from the supervisor; the broker, the inference server and the
+trainer get the admin key in their own ``env`` (:mod:`atroposlib.localrun.keys`).
+"""
 
 from __future__ import annotations
 
 import socket
 import sys
+from dataclasses import replace
 
 from atroposlib.launcher import Component
 from atroposlib.localrun.inference import INFERENCE
+from atroposlib.localrun.keys import RunKeys
 from atroposlib.localrun.layout import RunLayout
+from atroposlib.localrun.precision import resolve_precision
 from atroposlib.localrun.settings import LocalRunSettings
 
 
@@ -17,20 +24,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def broker(layout: RunLayout) -> Component:
+def broker(layout: RunLayout, keys: RunKeys) -> Component:
     return Component(
         "broker",
         [sys.executable, "-m", "atroposlib.api", "--port", str(layout.broker_port),
          "--store", f"sqlite:{layout.run_dir / 'broker.sqlite3'}"],
         health_url=f"{layout.broker_url}/health",
+        env=keys.admin_environment(),
     )  # fmt: skip
 
 
-def inference(layout: RunLayout, settings: LocalRunSettings) -> Component:
-    return INFERENCE[settings.inference].component(layout, settings)
+def inference(layout: RunLayout, settings: LocalRunSettings, keys: RunKeys) -> Component:
+    server = INFERENCE[settings.inference].component(layout, settings)
+    return replace(server, env={**server.env, **keys.admin_environment()})
 
 
-def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
+def trainer(layout: RunLayout, settings: LocalRunSettings, keys: RunKeys) -> Component:
     return Component(
         "trainer",
         [sys.executable, "-m", "example_trainer.train",
@@ -52,9 +61,11 @@ def trainer(layout: RunLayout, settings: LocalRunSettings) -> Component:
          "--metrics-file", str(layout.metrics_file),
          *(["--time-limit-s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior-logprobs", settings.behavior_logprobs,
+         *resolve_precision(settings.precision, settings.inference).trainer_args,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads),
-             **({"CUDA_VISIBLE_DEVICES": ""} if settings.device == "cpu" else {})},
+             **({"CUDA_VISIBLE_DEVICES": ""} if settings.device == "cpu" else {}),
+             **keys.admin_environment()},
     )  # fmt: skip
 
 

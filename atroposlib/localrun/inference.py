@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from atroposlib.errors import ConfigError
 from atroposlib.inference.threads import cores_of_this_machine
 from atroposlib.launcher import Component
+from atroposlib.localrun.precision import resolve_precision
 
 if TYPE_CHECKING:
     from atroposlib.localrun.layout import RunLayout
@@ -60,12 +61,14 @@ class EmbeddedInference:
         """``--threads`` of its own, and every core the other processes leave idle (the
         trainer's while it waits for a batch, during the held-out evaluations)."""
         most = max(settings.threads, cores_of_this_machine())
+        dtype = resolve_precision(settings.precision, "embedded").server_dtype
         return Component(
             "inference",
             [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
              "--port", str(layout.inference_port), "--served-model-name", "default",
              "--threads", str(settings.threads), "--max-threads", str(most),
-             "--device", settings.device, "--weight-roots", str(layout.checkpoints)],
+             "--device", settings.device, "--dtype", dtype,
+             "--weight-roots", str(layout.checkpoints)],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip
@@ -87,8 +90,10 @@ class VllmInference:
     ~1e-5; the trainer writes each step's weights to a folder and vLLM reloads them in place
     (``weight_sync vllm``, transport ``disk``: ``/collective_rpc`` ``reload_weights``, which
     needs ``VLLM_SERVER_DEV_MODE``), waiting for the replies in flight. Bound to loopback, every
-    route but ``/health`` behind the run's key (:mod:`atroposlib.vllm_plugin.guard`, which reads
-    ``ATROPOS_API_KEY`` from the run's environment): vLLM's own key covers ``/v1`` only."""
+    route but ``/health`` behind the run's keys (:mod:`atroposlib.vllm_plugin.guard`, which reads
+    ``ATROPOS_API_KEY`` and ``ATROPOS_ADMIN_API_KEY`` from the environment): the run key samples,
+    the trainer's admin key reloads weights and pauses. vLLM's own key (``VLLM_API_KEY``) is
+    not set: it covers ``/v1`` only and would refuse the admin key there."""
 
     server_type: str = "vllm"
     version_path: str = "/weight_info"
@@ -98,10 +103,12 @@ class VllmInference:
         vllm_python()
 
     def component(self, layout: RunLayout, settings: LocalRunSettings) -> Component:
+        bf16 = resolve_precision(settings.precision, "vllm").name == "bf16"
         return Component(
             "inference",
             [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-             "--model", layout.model, "--served-model-name", "default", "--dtype", "float32",
+             "--model", layout.model, "--served-model-name", "default",
+             "--dtype", "bfloat16" if bf16 else "float32",
              "--max-model-len", "2048", "--logprobs-mode", "processed_logprobs",
              "--host", "127.0.0.1", "--port", str(layout.inference_port),
              "--middleware", VLLM_GUARD],

@@ -290,8 +290,9 @@ def headline(summary: dict[str, Any]) -> list[str]:
             f"sampled training reward: first-5 steps {summary['reward_first5']:.3f} -> "
             f"last-5 {summary['reward_last5']:.3f} (not evidence of learning: see held-out)"
         )
+    precision = f" ({summary['precision']})" if summary.get("precision") else ""
     lines.append(
-        f"wall time {summary.get('wall_s', 0) / 60:.1f} min, "
+        f"wall time {summary.get('wall_s', 0) / 60:.1f} min{precision}, "
         f"disk {summary.get('disk_bytes', 0) / 1e9:.2f} GB"
     )
     return lines

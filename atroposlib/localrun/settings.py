@@ -112,6 +112,13 @@ class LocalRunSettings(BaseSettings):
         description="Where the embedded inference server and the trainer run (auto: the GPU "
         "when torch sees one, else the CPU).",
     )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="Number format of the model in the inference server and the trainer. "
+        "auto: bf16 with the embedded server on a CPU that computes bf16 natively "
+        "(avx512_bf16 or amx_bf16 in /proc/cpuinfo; the trainer's logits stay fp32), else "
+        "each process's default (fp32 on a CPU, bf16 on a GPU; vLLM's tier: fp32).",
+    )
     threads: int = Field(
         default=1,
         gt=0,

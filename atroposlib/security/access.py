@@ -36,8 +36,11 @@ class AccessSettings(BaseModel):
     )
     admin_api_key: str | None = Field(
         default=None,
-        description="When set, the routes that replace weights or list everyone's sessions need "
-        "this key instead of --api-key.",
+        description="When set, the routes that replace weights, pause generation, load LoRA "
+        "adapters, hand out the trainer's batches or list everyone's sessions need this key "
+        "instead of --api-key; it opens every other route too. Alone (no --api-key) it locks "
+        "every route. Also read from ATROPOS_ADMIN_API_KEY, which launchers give to the servers "
+        "and the trainer only.",
     )
     insecure_no_key: CliImplicitFlag[bool] = Field(
         default=False,
@@ -67,7 +70,7 @@ class AccessSettings(BaseModel):
 
     @model_validator(mode="after")
     def _open_bind_is_explicit(self) -> Any:
-        if self.api_key is None and not self.insecure_no_key and not is_loopback(self.host):
+        if not self.run_keys and not self.insecure_no_key and not is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is reachable from other machines and no api_key is set: "
                 "set --api-key (or the ATROPOS_API_KEY variable), bind 127.0.0.1, or pass "
@@ -80,10 +83,15 @@ class AccessSettings(BaseModel):
         """The key of the admin routes: ``admin_api_key``, else ``api_key``."""
         return self.admin_api_key or self.api_key
 
+    @property
+    def run_keys(self) -> tuple[str, ...]:
+        """The keys of every other route: the run key and the admin key; ``()``: open."""
+        return tuple(key for key in (self.api_key, self.admin_api_key) if key is not None)
+
 
 def warn_if_open(settings: AccessSettings, server: str) -> None:
     """The loud warning of a server that listens beyond loopback without a key."""
-    if settings.api_key is None and not is_loopback(settings.host):
+    if not settings.run_keys and not is_loopback(settings.host):
         logger.warning(
             "!!! %s listens on %s WITHOUT an API key (--insecure-no-key): anyone who can reach "
             "its port can use every route (weights, sessions, the queue). Set --api-key. !!!",

@@ -21,7 +21,8 @@ from atroposlib.security.keys import (
     ADMIN_DETAIL,
     UNAUTHORIZED_DETAIL,
     UNAUTHORIZED_HEADERS,
-    bearer_header_ok,
+    Keys,
+    bearer_matches,
 )
 
 logger = logging.getLogger(__name__)
@@ -52,27 +53,28 @@ def unauthorized(detail: str = UNAUTHORIZED_DETAIL) -> Refusal:
 
 
 class RouteKeys:
-    """Which key each path needs: ``open_paths`` none, ``admin_paths`` the admin key, every
-    other path (the schema routes and unknown paths too) the run key. A key that is None
-    opens its paths, as :func:`~atroposlib.security.keys.require_bearer` does.
+    """Which keys each path takes: ``open_paths`` none, ``admin_paths`` the admin key, every
+    other path (the schema routes and unknown paths too) the run keys (the settings'
+    ``run_keys``: the run key or the admin key). No key opens its paths, as
+    :func:`~atroposlib.security.keys.require_bearer` does.
 
-    >>> keys = RouteKeys("run", "admin", open_paths=["/health"], admin_paths=["/pause"])
-    >>> keys("GET", "/health", ""), keys("POST", "/generate", "Bearer run")
+    >>> keys = RouteKeys(("run", "admin"), "admin", open_paths=["/health"], admin_paths=["/pause"])
+    >>> keys("GET", "/health", ""), keys("POST", "/generate", "Bearer admin")
     (None, None)
-    >>> keys("POST", "/generate", "Bearer admin").status, keys("POST", "/pause", "Bearer run")
+    >>> keys("POST", "/generate", "Bearer x").status, keys("POST", "/pause", "Bearer run")
     (401, Refusal(status=401, detail="missing or wrong admin bearer token; ..."))
-    >>> RouteKeys(None)("POST", "/generate", "") is None  # no key: open, as on loopback
+    >>> RouteKeys(())("POST", "/generate", "") is None  # no key: open, as on loopback
     True
     """
 
     def __init__(
         self,
-        api_key: str | None,
-        admin_key: str | None = None,
+        run_keys: Keys,
+        admin_key: Keys = None,
         open_paths: Collection[str] = (),
         admin_paths: Collection[str] = (),
     ) -> None:
-        self.api_key = api_key
+        self.run_keys = run_keys
         self.admin_key = admin_key
         self.open_paths = frozenset(open_paths)
         self.admin_paths = frozenset(admin_paths)
@@ -81,10 +83,10 @@ class RouteKeys:
         if path in self.open_paths:
             return None
         if path in self.admin_paths:
-            key, detail = self.admin_key, ADMIN_DETAIL
+            keys, detail = self.admin_key, ADMIN_DETAIL
         else:
-            key, detail = self.api_key, UNAUTHORIZED_DETAIL
-        if key is None or bearer_header_ok(authorization, key):
+            keys, detail = self.run_keys, UNAUTHORIZED_DETAIL
+        if not keys or bearer_matches(authorization, keys):
             return None
         return unauthorized(detail)
 

@@ -29,6 +29,7 @@ class GuardedServer(Protocol):
 
     host: str
     api_key: str | None
+    admin_api_key: str | None
     allowed_hosts: list[str]
     cors_origins: list[str]
 
@@ -70,7 +71,7 @@ class BrowserGuard:
     """Decides, from a request's headers alone, whether a browser sent it for another site."""
 
     def __init__(self, settings: GuardedServer) -> None:
-        self.enabled = settings.api_key is None
+        self.enabled = settings.api_key is None and settings.admin_api_key is None
         allowed = settings.allowed_hosts
         # Bound to a network address, the server is open to that network anyway (with
         # docker/k8s service names in Host): there --api-key is the protection.

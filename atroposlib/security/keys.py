@@ -14,7 +14,13 @@ ADMIN_DETAIL = (
 )
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 KEY_VARIABLE = "ATROPOS_API_KEY"
-"""The one variable a run's launchers set and every process of the run reads its key from."""
+"""The run key's variable: launchers give it to every process of the run (sampling, groups)."""
+ADMIN_KEY_VARIABLE = "ATROPOS_ADMIN_API_KEY"
+"""The admin key's variable on every server: launchers give it to the servers and the trainer
+only (weights, pause/resume, LoRA, the trainer's broker routes, everyone's sessions)."""
+
+Keys = str | tuple[str, ...] | None
+"""The keys a route accepts: one, any of several, or None (and ``()``): no check."""
 
 
 def new_key() -> str:
@@ -39,6 +45,16 @@ def bearer_header_ok(header: str, api_key: str) -> bool:
     return secrets.compare_digest(wire, api_key.encode())
 
 
+def bearer_matches(header: str, keys: Keys) -> bool:
+    """Whether ``header`` carries one of ``keys`` (False when there is none).
+
+    >>> bearer_matches("Bearer admin", ("run", "admin")), bearer_matches("Bearer run", "admin")
+    (True, False)
+    """
+    accepted = (keys,) if isinstance(keys, str) else keys or ()
+    return any(bearer_header_ok(header, key) for key in accepted)
+
+
 def non_empty_key(value: str | None, field: str, variable: str = KEY_VARIABLE) -> str | None:
     """``value`` unless it is empty or blank: a start-up error naming the fix (and ``variable``,
     the environment variable the key usually comes from).
@@ -59,15 +75,16 @@ def non_empty_key(value: str | None, field: str, variable: str = KEY_VARIABLE) -
 
 
 def require_bearer(
-    api_key: str | None, detail: str = UNAUTHORIZED_DETAIL
+    api_key: Keys, detail: str = UNAUTHORIZED_DETAIL
 ) -> Callable[[Request], Awaitable[None]]:
     """The FastAPI dependency: 401 (``{"detail": ...}``, ``WWW-Authenticate: Bearer``) unless
-    the request carries ``Authorization: Bearer <api_key>``; no check when ``api_key`` is None."""
+    the request carries ``Authorization: Bearer <key>`` with one of ``api_key``; no check when
+    there is no key (None or ``()``)."""
 
     async def check(request: Request) -> None:
-        if api_key is None:
+        if not api_key:
             return
-        if not bearer_header_ok(request.headers.get("authorization", ""), api_key):
+        if not bearer_matches(request.headers.get("authorization", ""), api_key):
             raise HTTPException(401, detail, headers=UNAUTHORIZED_HEADERS)
 
     return check

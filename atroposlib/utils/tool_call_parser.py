@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
 from typing import Any
+
+from atroposlib.errors import ModelOutputError
+from atroposlib.utils.bounded_json import loads_model_output
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +65,15 @@ def parse_tool_call(
         logger.debug("no tool call in response: %.200s", response)
         return ERROR_TOOL_NAME, {}, True
     try:
-        call = json.loads(content.replace("'", '"'), strict=False)
-    except ValueError as error:
+        call = loads_model_output(content.replace("'", '"'), strict=False)
+    except ModelOutputError as error:
         logger.debug("unparsable tool call %.200s: %s", content, error)
         return ERROR_TOOL_NAME, {}, True
     if not isinstance(call, dict):
         return ERROR_TOOL_NAME, {}, True
     name, arguments = call.get("name", ""), call.get("arguments", {})
+    if not isinstance(name, str):
+        return ERROR_TOOL_NAME, {}, True
     if available_tools and (not name or name not in _tool_names(available_tools)):
         return ERROR_TOOL_NAME, arguments, True
     return name, arguments, False

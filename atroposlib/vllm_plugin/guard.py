@@ -1,4 +1,4 @@
-"""The bearer key and browser guard of a vLLM server that we start, as a vLLM middleware.
+"""The bearer keys and browser guard of a vLLM (or SGLang) server that we start, as a middleware.
 
 vLLM's ``--api-key`` covers its ``/v1`` routes only; with ``VLLM_SERVER_DEV_MODE`` (which the
 RL routes need) ``/pause``, ``/update_weights``, ``/collective_rpc``, ``/update_weight_version``
@@ -7,10 +7,13 @@ and their kin answer anyone who reaches the port. Serve with
 (``app.add_middleware(cls)``, so it takes the app alone) and every request then passes through
 the checks our own servers make (:mod:`atroposlib.security`), read from the environment:
 
-- ``ATROPOS_API_KEY``: every route but ``/health``, ``/ping``, ``/metrics`` and ``/version``
-  needs ``Authorization: Bearer <key>`` (401 otherwise; an empty value stops vLLM at start-up);
-- ``ATROPOS_ADMIN_API_KEY``: when set, only this key opens the routes outside sampling
-  (``/v1/...``, ``/inference/...``, ``/tokenize``, ``/detokenize``), the weight routes among them;
+- ``ATROPOS_API_KEY`` (the run key): every route but ``/health``, ``/ping``, ``/metrics`` and
+  ``/version`` needs ``Authorization: Bearer <key>`` (401 otherwise; an empty value stops vLLM
+  at start-up);
+- ``ATROPOS_ADMIN_API_KEY``: when set, it opens every route, and it alone opens those outside
+  sampling (:data:`RUN_PATHS`): weights, ``/pause``, ``/collective_rpc``, LoRA loading,
+  ``/tokenizer_info``, sleep/wake, ``/reset_prefix_cache`` and whatever vLLM adds. Set alone,
+  every route needs it;
 - without a key, requests that reach vLLM over anything but loopback are refused (403) unless
   ``ATROPOS_INSECURE_NO_KEY=1``, and the browser guard refuses cross-site and DNS-rebinding
   requests (names besides IPs, ``localhost`` and this machine's in ``ATROPOS_ALLOWED_HOSTS``,
@@ -29,19 +32,27 @@ from atroposlib.security.access import AccessSettings
 from atroposlib.security.guard import BrowserGuard, is_loopback, refuse, request_headers
 from atroposlib.security.keys import (
     ADMIN_DETAIL,
+    ADMIN_KEY_VARIABLE,
     KEY_VARIABLE,
     UNAUTHORIZED_DETAIL,
     UNAUTHORIZED_HEADERS,
-    bearer_header_ok,
+    bearer_matches,
 )
 
 logger = logging.getLogger(__name__)
 
-ADMIN_KEY_VARIABLE = "ATROPOS_ADMIN_API_KEY"
 INSECURE_VARIABLE = "ATROPOS_INSECURE_NO_KEY"
 HOSTS_VARIABLE = "ATROPOS_ALLOWED_HOSTS"
 OPEN_PATHS = frozenset(("/health", "/ping", "/metrics", "/version"))
-SAMPLING_PREFIXES = ("/v1/", "/inference/", "/tokenize", "/detokenize")
+RUN_PATHS = frozenset((
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses",
+    "/v1/embeddings", "/v1/score", "/v1/rerank", "/v1/realtime", "/tokenize", "/detokenize",
+    "/inference/v1/generate", "/generate", "/weight_info", "/get_weight_version", "/is_paused",
+    "/get_model_info", "/health_generate",
+))  # fmt: skip
+"""What the run key opens besides the open paths: sampling and reading. Every other route is
+the admin key's, so a route a new vLLM adds is closed to the run key until listed here."""
+RUN_PREFIXES = ("/v1/models/", "/v1/responses/")
 NETWORK_DETAIL = (
     "this vLLM has no key and serves only loopback: set ATROPOS_API_KEY (and send it as "
     f"'Authorization: Bearer <key>'), or {INSECURE_VARIABLE}=1 to serve the network open"
@@ -70,7 +81,7 @@ class VllmGuard:
         self.app = app
         self.settings = settings_from(os.environ if environ is None else environ)
         self.browser = BrowserGuard(self.settings)
-        if self.settings.api_key is None:
+        if not self.settings.run_keys:
             logger.warning(
                 "vLLM guard without %s: %s", KEY_VARIABLE,
                 "open to everyone (insecure)" if self.settings.insecure_no_key
@@ -84,18 +95,17 @@ class VllmGuard:
         if path in OPEN_PATHS:
             return None
         settings = self.settings
-        if settings.api_key is None:
+        if not settings.run_keys:
             if server is not None and not settings.insecure_no_key and not is_loopback(server[0]):
                 return 403, NETWORK_DETAIL
             browser = self.browser.refusal(headers)
             return None if browser is None else (403, browser)
         header = headers.get("authorization", "")
-        admin = settings.admin_api_key
-        if admin is not None and bearer_header_ok(header, admin):
+        if bearer_matches(header, settings.admin_key):
             return None
-        if admin is not None and not path.startswith(SAMPLING_PREFIXES):
-            return 401, ADMIN_DETAIL
-        return None if bearer_header_ok(header, settings.api_key) else (401, UNAUTHORIZED_DETAIL)
+        if path in RUN_PATHS or path.startswith(RUN_PREFIXES):
+            return None if bearer_matches(header, settings.run_keys) else (401, UNAUTHORIZED_DETAIL)
+        return 401, ADMIN_DETAIL
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -14,7 +14,6 @@ each turn continuing the last. Score: 1.0 for the right total in ``<answer>``, p
 
 import ast
 import asyncio
-import json
 import logging
 import operator
 import random
@@ -30,8 +29,10 @@ from atroposlib.envs.server_handling.local_proxy import LocalProxy, serve_proxy
 from atroposlib.envs.server_handling.proxy_client import node_trajectory
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.trajectory import Trajectory
+from atroposlib.errors import ModelOutputError
 from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
+from atroposlib.utils.bounded_json import loads_model_output
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ def run_tool(name: str, arguments: str) -> str:
     ('error: the arguments are not a JSON object', "error: no tool named 'shop'")
     """
     try:
-        arguments = json.loads(arguments)
-    except ValueError:
+        arguments = loads_model_output(arguments)
+    except ModelOutputError:
         arguments = None
     if not isinstance(arguments, dict):
         return "error: the arguments are not a JSON object"

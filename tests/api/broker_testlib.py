@@ -72,10 +72,13 @@ async def in_process(
 class BrokerProcess:
     """``python -m atroposlib.api`` on a free port, as users run it."""
 
-    def __init__(self, store: str, *args: str, api_key: str | None = None) -> None:
+    def __init__(
+        self, store: str, *args: str, api_key: str | None = None, admin_key: str | None = None
+    ) -> None:
         self.store = store
         self.args = args
         self.api_key = api_key
+        self.admin_key = admin_key
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -92,10 +95,15 @@ class BrokerProcess:
         command = [sys.executable, "-m", "atroposlib.api", "--port", str(self.port)]
         command += ["--store", self.store, "--log-level", "warning", *self.args]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        for variable in ("ATROPOS_API_KEY", "ATROPOS_ADMIN_API_KEY"):
+            env.pop(variable, None)
         if self.api_key:
             env["ATROPOS_API_KEY"] = self.api_key
+        if self.admin_key:
+            env["ATROPOS_ADMIN_API_KEY"] = self.admin_key
         self.proc = subprocess.Popen(command, env=env)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        key = self.api_key or self.admin_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -27,9 +27,12 @@ async def client(store_spec: str) -> AsyncIterator[httpx.AsyncClient]:
 def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     started: list[BrokerProcess] = []
 
-    def start(*args: str, store: str | None = None, api_key: str | None = None) -> BrokerProcess:
+    def start(
+        *args: str, store: str | None = None, api_key: str | None = None,
+        admin_key: str | None = None,
+    ) -> BrokerProcess:  # fmt: skip
         spec = store or f"sqlite:{tmp_path / 'broker.sqlite3'}"
-        process = BrokerProcess(spec, *args, api_key=api_key).start()
+        process = BrokerProcess(spec, *args, api_key=api_key, admin_key=admin_key).start()
         started.append(process)
         return process
 

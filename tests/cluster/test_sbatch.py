@@ -33,8 +33,9 @@ printf '%s\\0' "$@" >"$FAKE_DIR/srun/$$.args"
 echo $$ >"$FAKE_DIR/pids/$$"
 name=""
 for arg in "$@"; do [[ $arg == --job-name=* ]] && name=${arg#--job-name=}; done
-printf '%s\\n' "${ATROPOS_API_KEY:-}" "${ATROPOS_TRAINER_BROKER_API_KEY:-}" \\
-    "${ATROPOS_OPENAI__API_KEY:-}" "${VLLM_API_KEY:-}" >"$FAKE_DIR/keys-$name"
+printf '%s\\n' "${ATROPOS_API_KEY:-}" "${ATROPOS_ADMIN_API_KEY:-}" \\
+    "${ATROPOS_OPENAI__API_KEY:-}" "${VLLM_API_KEY:-}" "${ATROPOS_TRAINER_BROKER_API_KEY:-}" \\
+    >"$FAKE_DIR/keys-$name"
 [[ -n ${FAKE_FAIL:-} && $name == "$FAKE_FAIL" ]] && exit 3
 if [[ $name == trainer && -z ${FAKE_TRAINER_HANGS:-} ]]; then
     sleep 0.5
@@ -265,34 +266,64 @@ def test_scripts_pass_bash_n_and_shellcheck() -> None:
     assert result.returncode == 0, result.stdout
 
 
-def test_one_api_key_for_the_job_reaches_every_component_off_the_command_line(
+def keys_seen(tmp_path: Path, job: Job) -> dict[str, dict[str, str]]:
+    """The key variables each launched step ran with (the fake srun records them)."""
+    names = ("ATROPOS_API_KEY", "ATROPOS_ADMIN_API_KEY", "ATROPOS_OPENAI__API_KEY",
+             "VLLM_API_KEY", "ATROPOS_TRAINER_BROKER_API_KEY")  # fmt: skip
+    seen = {}
+    for name in job.names():
+        values = (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[: len(names)]
+        seen[name] = dict(zip(names, values, strict=True))
+    return seen
+
+
+def test_the_run_key_reaches_every_step_the_admin_key_only_servers_and_trainer(
     tmp_path: Path,
 ) -> None:
-    key = "job-secret-123"
-    job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"], ATROPOS_API_KEY=key, FAKE_BROKER_KEY=key)
-    assert job.returncode == 0, job.output  # the broker's /health was asked with the key
-    keys = {name: (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[:2]
-            for name in ("broker", "trainer", "env-reasoning_gym")}  # fmt: skip
-    assert keys["broker"][0] == keys["env-reasoning_gym"][0] == key  # ATROPOS_API_KEY
-    assert keys["trainer"][1] == key  # ATROPOS_TRAINER_BROKER_API_KEY
-    commands = (job.root / "logs" / "77" / "commands.tsv").read_text()
-    assert key not in job.output + commands
-    assert not any(key in arg for argv in job.launches for arg in argv)
+    run, admin = "job-secret-123", "job-admin-789"
+    job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"], ATROPOS_API_KEY=run,
+                  ATROPOS_ADMIN_API_KEY=admin, VLLM_API_KEY=admin,
+                  ATROPOS_TRAINER_BROKER_API_KEY=admin, FAKE_BROKER_KEY=run)  # fmt: skip
+    assert job.returncode == 0, job.output  # the broker's /health was asked with the run key
+    seen = keys_seen(tmp_path, job)
+    assert set(seen) == {"broker", "inference-cpu1-9000", "trainer", "env-reasoning_gym"}
+    for name, keys in seen.items():
+        holds_admin = not name.startswith("env-")
+        assert keys == {"ATROPOS_API_KEY": run, "ATROPOS_OPENAI__API_KEY": run,
+                        "ATROPOS_ADMIN_API_KEY": admin if holds_admin else "",
+                        "VLLM_API_KEY": "", "ATROPOS_TRAINER_BROKER_API_KEY": ""}, name  # fmt: skip
+    logs = job.root / "logs" / "77"
+    written = job.output + "".join(p.read_text() for p in logs.iterdir() if p.is_file())
+    assert admin not in written and run not in written.replace(f"{run}\n", "", 1)
+    assert (logs / "api_key").read_text() == f"{run}\n"  # for the viewer: the run key only
+    assert not any(key in arg for argv in job.launches for arg in argv for key in (run, admin))
 
 
-def test_without_a_given_key_the_job_generates_one_for_every_component(tmp_path: Path) -> None:
+def test_without_given_keys_the_job_generates_two_distinct_ones(tmp_path: Path) -> None:
     job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"])
     assert job.returncode == 0, job.output
-    keys = {name: (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[:4]
-            for name in ("broker", "trainer", "env-reasoning_gym")}  # fmt: skip
-    key = keys["broker"][0]
-    assert len(key) >= 40  # 256 random bits
-    assert all(value == key for values in keys.values() for value in values)
+    seen = keys_seen(tmp_path, job)
+    run, admin = seen["trainer"]["ATROPOS_API_KEY"], seen["trainer"]["ATROPOS_ADMIN_API_KEY"]
+    assert len(run) >= 40 and len(admin) >= 40 and run != admin  # 256 random bits each
+    assert seen["env-reasoning_gym"]["ATROPOS_ADMIN_API_KEY"] == ""
+    assert seen["broker"]["ATROPOS_ADMIN_API_KEY"] == admin
     saved = job.root / "logs" / "77" / "api_key"
-    assert saved.read_text().strip() == key and stat.S_IMODE(saved.stat().st_mode) == 0o600
-    assert not any(key in arg for argv in job.launches for arg in argv)
+    assert saved.read_text().strip() == run and stat.S_IMODE(saved.stat().st_mode) == 0o600
+    assert not any(key in arg for argv in job.launches for arg in argv for key in (run, admin))
     other = run_job(tmp_path / "again", "slurm-cpu-trial", ["cpu1"])
-    assert (other.root / "logs" / "77" / "api_key").read_text().strip() != key
+    assert (other.root / "logs" / "77" / "api_key").read_text().strip() != run
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [({"ATROPOS_ADMIN_API_KEY": ""}, "ATROPOS_ADMIN_API_KEY is set but empty"),
+     ({"ATROPOS_API_KEY": "same", "ATROPOS_ADMIN_API_KEY": "same"}, "equals ATROPOS_API_KEY")],
+)  # fmt: skip
+def test_an_empty_or_shared_admin_key_stops_the_job_before_anything_starts(
+    tmp_path: Path, keys: dict[str, str], why: str
+) -> None:
+    job = run_job(tmp_path, "slurm-cpu-trial", ["cpu1"], **keys)
+    assert job.returncode != 0 and why in job.output and job.launches == []
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -310,24 +341,26 @@ def test_vllm_and_sglang_get_the_jobs_key_for_every_route_off_the_command_line(
         assert value_after(server, "--middleware") == "atroposlib.vllm_plugin.guard.VllmGuard"
         # the routes an in-flight push uses (pause, reload, version), under that middleware
         assert "VLLM_SERVER_DEV_MODE=1" in server[: server.index("-m")]
-    else:  # the launcher turns ATROPOS_API_KEY into SGLang's --api-key inside the process
+    else:  # the launcher puts our guard, with the keys, around SGLang's app
         assert value_after(server, "-m") == "atroposlib.cli.sglang_keyed"
     assert (tmp_path / "fake" / f"keys-{name}").read_text().split("\n")[0] == key
     assert not any(key in arg for arg in server) and "--api-key" not in server
 
 
-def test_sglang_keyed_adds_the_key_inside_the_process_and_refuses_a_missing_one() -> None:
-    from atroposlib.cli.sglang_keyed import keyed_argv
+def test_sglang_keyed_gives_sglang_no_key_and_refuses_what_would_leak_or_open_it() -> None:
+    from atroposlib.cli.sglang_keyed import server_argv
 
-    keyed = keyed_argv(["--port", "1"], {"ATROPOS_API_KEY": "k"})
-    assert keyed == ["--port", "1", "--api-key", "k"]
+    keyed = server_argv(["--port", "1"], {"ATROPOS_API_KEY": "k"})
+    assert keyed == ["--port", "1", "--skip-server-warmup"]  # no --api-key: nothing to log
     for environ, argv, why in [
         ({}, [], "is not set"),
         ({"ATROPOS_API_KEY": " "}, [], "set but empty"),
-        ({"ATROPOS_API_KEY": "k"}, ["--api-key=k"], "shows the key in ps"),
+        ({"ATROPOS_API_KEY": "k"}, ["--api-key=k"], "shows in ps"),
+        ({"ATROPOS_API_KEY": "k"}, ["--admin-api-key", "a"], "shows in ps"),
+        ({"ATROPOS_API_KEY": "k"}, ["--tokenizer-worker-num", "4"], "without the guard"),
     ]:
         with pytest.raises(ValueError, match=why):
-            keyed_argv(argv, environ)
+            server_argv(argv, environ)
 
 
 def test_an_empty_key_stops_the_job_before_anything_starts(tmp_path: Path) -> None:

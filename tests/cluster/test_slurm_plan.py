@@ -146,12 +146,16 @@ def test_cli_broker_flags_parse_with_run_api(tmp_path: Path) -> None:
     assert settings.max_queued_groups == 10 and settings.cors_origins == ["http://x"]
 
 
-def test_broker_flags_refuse_an_api_key_that_would_show_on_the_command_line(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("field", "variable"),
+    [("api_key", "ATROPOS_API_KEY"), ("admin_api_key", "ATROPOS_ADMIN_API_KEY")],
+)
+def test_broker_flags_refuse_a_key_that_would_show_on_the_command_line(
+    tmp_path: Path, field: str, variable: str
 ) -> None:
     source = tmp_path / "broker.yaml"
-    source.write_text("api_key: s3cret\n")
-    with pytest.raises(ConfigError, match="export ATROPOS_API_KEY for the job") as err:
+    source.write_text(f"{field}: s3cret\n")
+    with pytest.raises(ConfigError, match=f"export {variable} for the job") as err:
         slurm_plan.broker_flags(source)
     assert "s3cret" not in str(err.value)
 

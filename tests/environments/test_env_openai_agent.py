@@ -35,7 +35,17 @@ def test_tools_answer_or_explain_never_eval(name: str, arguments: dict, answer: 
     assert agent_env.run_tool(name, json.dumps(arguments)).startswith(answer)
 
 
-@pytest.mark.parametrize("arguments", ['{"expression": ', "[1, 2]", '"7*3"', "null", ""])
+HOSTILE_ARGUMENTS = [
+    "[" * 100_000 + "]" * 100_000,
+    '{"a":' * 100_000 + "1" + "}" * 100_000,
+    '{"expression": "' + "1" * (10 << 20) + '"}',
+    '{"expression": "\\ud800"}',
+]
+
+
+@pytest.mark.parametrize(
+    "arguments", ['{"expression": ', "[1, 2]", '"7*3"', "null", "", *HOSTILE_ARGUMENTS]
+)
 def test_tool_arguments_that_are_not_a_json_object(arguments: str) -> None:
     expected = "error: the arguments are not a JSON object"
     assert agent_env.run_tool("calculate", arguments) == expected

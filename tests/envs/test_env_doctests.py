@@ -39,6 +39,7 @@ MODULES = [
     "atroposlib.envs.cli_help",
     "atroposlib.utils.advantages",
     "atroposlib.utils.bounded_json",
+    "atroposlib.utils.tool_call_parser",
     "atroposlib.security.keys",
     "atroposlib.security.gate",
     "atroposlib.inference.sample_log",

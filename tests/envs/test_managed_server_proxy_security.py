@@ -56,11 +56,9 @@ async def test_without_the_key_nothing_is_read_written_or_deleted(tokenizer: Any
     async with asgi_client(app) as http:
         session, own, nodes = await one_turn(http, KEY)
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Bearer "},
-                        {"authorization": "run-key"}, ADMIN):  # fmt: skip
+                        {"authorization": "run-key"}):  # fmt: skip
             for method, path in (*session_routes(session), ("POST", "/sessions/create"),
                                  ("GET", "/sessions"), ("GET", "/servers")):  # fmt: skip
-                if headers == ADMIN and path == "/sessions":
-                    continue  # the admin key lists them (next test)
                 body = USER if method == "POST" else None
                 answer = await http.request(method, path, json=body, headers=headers)
                 assert answer.status_code == 401, (headers, path)
@@ -104,7 +102,22 @@ async def test_sessions_are_listed_to_the_admin_key_only(tokenizer: Any) -> None
         assert refused.status_code == 401 and "admin_api_key" in refused.json()["detail"]
         listed = await http.get("/sessions", headers=ADMIN)
         assert [s["uuid"] for s in listed.json()["sessions"]] == [session]
-        assert (await http.post("/sessions/create", json={}, headers=ADMIN)).status_code == 401
+        for method, path in session_routes(session):  # the admin key is no session's token
+            body = USER if method == "POST" else None
+            answer = await http.request(method, path, json=body, headers=ADMIN)
+            assert answer.status_code == 404, (path, answer.text)
+        assert (await http.get("/health")).json()["sessions"] == 1
+
+
+async def test_with_only_an_admin_key_nothing_is_open(tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, ["Hello."])
+    async with asgi_client(proxy_app(tokenizer, engine, admin_api_key="admin-key")) as http:
+        for method, path in (("POST", "/sessions/create"), ("GET", "/servers"),
+                             ("GET", "/sessions"), ("GET", "/v1/models")):  # fmt: skip
+            assert (await http.request(method, path, headers=KEY)).status_code == 401, path
+        session, own, nodes = await one_turn(http, ADMIN)  # it opens every route, as elsewhere
+        assert (await http.get(f"/{session}/nodes")).status_code == 401
+        assert (await http.get(f"/{session}/nodes", headers=own)).json()["nodes"] == nodes
 
 
 async def test_without_a_key_a_browser_page_cannot_reach_a_session(tokenizer: Any) -> None:

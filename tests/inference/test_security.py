@@ -67,7 +67,25 @@ async def test_weight_routes_need_the_admin_key_and_change_nothing_without_it(
     assert await fingerprint(keyed, ADMIN) == before
     assert (await keyed.get("/v1/models", headers=RUN)).status_code == 200
     assert (await keyed.get("/weight_info", headers=RUN)).status_code == 200
-    assert (await keyed.get("/v1/models", headers=ADMIN)).status_code == 401
+    assert (await keyed.get("/v1/models", headers=ADMIN)).status_code == 200  # opens everything
+
+
+@pytest.fixture
+async def admin_only(test_model_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = InferenceSettings(model=str(test_model_path), admin_api_key="admin-key")
+    async for http in served(settings):
+        yield http
+
+
+async def test_an_admin_key_alone_leaves_nothing_open(admin_only: httpx.AsyncClient) -> None:
+    before = await fingerprint(admin_only, ADMIN)
+    sampling = [("GET", "/v1/models", None), ("POST", "/tokenize", {"prompt": "hi"})]
+    for headers in ({}, {"authorization": "Bearer wrong"}, RUN):
+        for method, path, body in [*WEIGHT_ROUTES, *sampling]:
+            answer = await admin_only.request(method, path, json=body, headers=headers)
+            assert answer.status_code == 401, (headers, path, answer.text)
+    assert await fingerprint(admin_only, ADMIN) == before
+    assert (await admin_only.get("/v1/models", headers=ADMIN)).status_code == 200
 
 
 async def test_without_a_key_a_browser_page_cannot_pause_or_replace_weights(
@@ -104,6 +122,17 @@ def test_the_runs_shared_key_locks_the_server(
     assert InferenceSettings(model=str(test_model_path)).api_key == "shared"
     monkeypatch.setenv("ATROPOS_INFERENCE_API_KEY", "own")
     assert InferenceSettings(model=str(test_model_path)).api_key == "own"
+
+
+def test_the_runs_admin_key_is_read_from_the_one_admin_variable(
+    monkeypatch: pytest.MonkeyPatch, test_model_path: Path
+) -> None:
+    monkeypatch.setenv("ATROPOS_ADMIN_API_KEY", "shared-admin")
+    assert InferenceSettings(model=str(test_model_path)).admin_api_key == "shared-admin"
+    monkeypatch.setenv("ATROPOS_INFERENCE_ADMIN_API_KEY", "own-admin")  # the server's own name
+    assert InferenceSettings(model=str(test_model_path)).admin_api_key == "own-admin"
+    with pytest.raises(ValidationError, match="admin_api_key is set but empty"):
+        InferenceSettings(model=str(test_model_path), admin_api_key=" ")
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import SERVER_FLAGS, RunningServer, start_server, stop_server
+from inference_helpers import SERVED_NAME, SERVER_FLAGS, RunningServer, start_server, stop_server
 
 from atroposlib.protocol import UPDATE_TOKEN_HEADER
 from tests.raw_http import unfinished_post
@@ -56,9 +56,10 @@ def keyed(
     tmp_path_factory: pytest.TempPathFactory,
     roots: Path,
 ) -> Iterator[httpx.Client]:
+    # the keys as launchers hand them over: the run's two variables, never a flag
     env = {k: v for k, v in subprocess_env.items() if "API_KEY" not in k}
-    flags = ("--api-key", "run-key", "--admin-api-key", "admin-key", "--weight-roots", str(roots))
-    server = launch(test_model_path, env, tmp_path_factory, *flags)
+    env |= {"ATROPOS_API_KEY": "run-key", "ATROPOS_ADMIN_API_KEY": "admin-key"}
+    server = launch(test_model_path, env, tmp_path_factory, "--weight-roots", str(roots))
     with httpx.Client(base_url=server.url, timeout=120) as http:
         yield http
     stop_server(server)
@@ -98,6 +99,16 @@ def test_no_wrong_or_empty_key_changes_nothing(keyed: httpx.Client) -> None:
     assert fingerprint(keyed) == before
 
 
+def test_the_run_key_samples_and_the_admin_key_opens_everything(keyed: httpx.Client) -> None:
+    before = fingerprint(keyed)
+    body = {"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    for headers in ({"authorization": "Bearer run-key"}, ADMIN):
+        answer = keyed.post("/v1/completions", json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert keyed.get("/weight_info", headers=headers).status_code == 200
+    assert fingerprint(keyed) == before
+
+
 @pytest.mark.parametrize("declared", [60 * 2**20, None], ids=["60-MiB-announced", "chunked"])
 def test_a_body_without_its_key_is_refused_before_it_is_read(
     keyed: httpx.Client, declared: int | None
@@ -106,7 +117,7 @@ def test_a_body_without_its_key_is_refused_before_it_is_read(
     url = str(keyed.base_url)
     run = {"authorization": "Bearer run-key"}
     for path, wrong_keys in (("/v1/chat/completions", ({}, {"authorization": "Bearer x"})),
-                             ("/generate", ({}, ADMIN)),
+                             ("/generate", ({}, {"authorization": "Bearer run-key2"})),
                              ("/update_weights_from_disk", ({}, run)),
                              ("/update_weights", ({}, run))):  # fmt: skip
         for headers in wrong_keys:

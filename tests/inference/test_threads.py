@@ -80,3 +80,24 @@ def test_the_machines_busy_time_counts_another_process() -> None:
     busy = machine_busy_seconds() - before
     assert busy >= 0.4  # the child's 0.5 s, give or take a tick
     assert busy <= (time.monotonic() - wall) * (os.cpu_count() or 1) + 0.05
+
+
+def test_niced_time_counts_as_idle_unless_this_process_is_niced_too(tmp_path: Path) -> None:
+    """A nice-19 background job yields its core at once: the server may take it."""
+    stat = tmp_path / "stat"
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal
+    stat.write_text(f"cpu  {2 * tick} {5 * tick} {tick} {9 * tick} 0 0 0 0 0 0\ncpu0 ...\n")
+    assert machine_busy_seconds(stat, niced_yield=True) == pytest.approx(3.0)
+    assert machine_busy_seconds(stat, niced_yield=False) == pytest.approx(8.0)
+
+
+def test_a_niced_busy_child_leaves_the_machine_idle_for_the_governor() -> None:
+    """The real /proc/stat: a nice-19 child's CPU time is not counted as another's load."""
+    spin = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    before = machine_busy_seconds(niced_yield=True)
+    niced_before = machine_busy_seconds(niced_yield=False)
+    subprocess.run(["nice", "-n", "19", sys.executable, "-c", spin], check=True)
+    counted = machine_busy_seconds(niced_yield=True) - before
+    all_busy = machine_busy_seconds(niced_yield=False) - niced_before
+    assert all_busy - counted >= 0.4  # the child's 0.5 s went to "nice"

@@ -56,14 +56,46 @@ def test_the_key_passes_and_health_style_routes_stay_open() -> None:
                               "/version"]  # fmt: skip
 
 
-def test_an_admin_key_alone_opens_the_routes_outside_sampling() -> None:
-    client, recorder = guarded({"ATROPOS_API_KEY": "run-key", "ATROPOS_ADMIN_API_KEY": "admin-key"})
-    assert client.post("/update_weights", headers=RUN).status_code == 401
-    assert "admin" in client.post("/pause", headers=RUN).json()["detail"]
-    assert client.post("/update_weights", headers=ADMIN).status_code == 200
-    assert client.post("/v1/completions", headers=RUN).status_code == 200
-    assert client.post("/inference/v1/generate", headers=ADMIN).status_code == 200
-    assert recorder.paths == ["/update_weights", "/v1/completions", "/inference/v1/generate"]
+BOTH_KEYS = {"ATROPOS_API_KEY": "run-key", "ATROPOS_ADMIN_API_KEY": "admin-key"}
+ADMIN_ROUTES = [
+    "/pause", "/resume", "/update_weights", "/collective_rpc", "/reload_weights",
+    "/init_weight_transfer_engine", "/update_weight_version", "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter", "/tokenizer_info", "/sleep", "/wake_up", "/reset_prefix_cache",
+    "/reset_mm_cache", "/start_profile", "/scale_elastic_ep", "/some_route_of_a_newer_vllm",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ADMIN_ROUTES)
+def test_the_run_key_cannot_pause_change_weights_or_load_lora(path: str) -> None:
+    client, recorder = guarded(BOTH_KEYS)
+    for method in ("GET", "POST"):
+        refused = client.request(method, path, headers=RUN)
+        assert refused.status_code == 401 and "admin" in refused.json()["detail"]
+    assert recorder.paths == []  # nothing reached vLLM: nothing paused, loaded or replaced
+    assert client.post(path, headers=ADMIN).status_code == 200
+    assert recorder.paths == [path]
+
+
+def test_the_run_key_samples_and_reads_and_the_admin_key_opens_everything() -> None:
+    client, recorder = guarded(BOTH_KEYS)
+    sampling = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
+                "/detokenize", "/inference/v1/generate", "/weight_info", "/is_paused"]  # fmt: skip
+    for path in sampling:
+        assert client.post(path, headers=RUN).status_code == 200, path
+        assert client.post(path, headers=ADMIN).status_code == 200, path
+    assert recorder.paths == [path for path in sampling for _ in range(2)]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/pause", "/v1/load_lora_adapter"])
+@pytest.mark.parametrize("headers", [*NOT_THE_KEY, RUN])
+def test_an_admin_key_alone_leaves_nothing_open(path: str, headers: dict[str, str]) -> None:
+    client, recorder = guarded({"ATROPOS_ADMIN_API_KEY": "admin-key"})
+    assert client.post(path, headers=headers).status_code == 401
+    network, network_app = guarded({"ATROPOS_ADMIN_API_KEY": "admin-key"}, "http://10.0.0.7:8000")
+    assert network.post(path, headers=headers).status_code == 401
+    assert recorder.paths == [] and network_app.paths == []
+    assert client.post(path, headers=ADMIN).status_code == 200
+    assert network.post(path, headers=ADMIN).status_code == 200
 
 
 @pytest.mark.parametrize("variable", ["ATROPOS_API_KEY", "ATROPOS_ADMIN_API_KEY"])

@@ -137,3 +137,29 @@ def test_broker_key_defaults_to_the_shared_key_and_is_never_dumped(
     monkeypatch.delenv("ATROPOS_API_KEY")
     monkeypatch.delenv("ATROPOS_TRAINER_BROKER_API_KEY")
     assert load_config([]).broker_api_key is None
+
+
+def test_the_trainer_sends_the_admin_key_to_broker_and_inference_servers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Registering, batches, acks and weight pushes are admin routes; without an admin key the
+    servers take their run key for them, and so does the trainer."""
+    monkeypatch.setenv("ATROPOS_API_KEY", "run-key")
+    monkeypatch.setenv("ATROPOS_ADMIN_API_KEY", "admin-key")
+    cfg = load_config([])
+    assert cfg.broker_api_key is not None and cfg.inference_api_key is not None
+    assert cfg.broker_api_key.get_secret_value() == "admin-key"
+    assert cfg.inference_api_key.get_secret_value() == "admin-key"
+    assert "admin-key" not in json.dumps(cfg.model_dump(mode="json")) + repr(cfg)
+    monkeypatch.delenv("ATROPOS_ADMIN_API_KEY")
+    cfg = load_config([])
+    assert cfg.broker_api_key is not None and cfg.inference_api_key is not None
+    assert cfg.broker_api_key.get_secret_value() == "run-key"
+    assert cfg.inference_api_key.get_secret_value() == "run-key"
+
+
+def test_the_default_vllm_restart_command_is_loopback_behind_the_guard_with_no_key() -> None:
+    argv = load_config([]).vllm_command.split()
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--middleware") + 1] == "atroposlib.vllm_plugin.guard.VllmGuard"
+    assert not any("key" in arg.lower() for arg in argv)

@@ -7,14 +7,21 @@ starts the server on a real vLLM (the ``vllm`` tier).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from example_trainer import vllm_api_server as server
+from tests.fakes import uvicorn_on_loopback
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -225,3 +232,78 @@ def test_health_reports_a_dead_engine(client: TestClient, engine: FakeEngine) ->
     engine.check_health = check_health  # type: ignore[attr-defined]
     answer = client.get("/health")
     assert answer.status_code == 500 and "EngineDeadError" in answer.json()["detail"]
+
+
+# ---- keys: the guard our vLLM servers mount, on a real uvicorn --------------------------
+
+RUN, ADMIN = {"authorization": "Bearer run-key"}, {"authorization": "Bearer admin-key"}
+BODY = {"prompt": [5, 6, 7], "max_tokens": 2}
+
+
+def test_the_run_key_generates_and_nothing_reaches_the_engine_without_it(
+    engine: FakeEngine,
+) -> None:
+    keys = {"ATROPOS_API_KEY": "run-key", "ATROPOS_ADMIN_API_KEY": "admin-key"}
+    with uvicorn_on_loopback(server.guarded(keys)) as url:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "run-key"}):
+            refused = httpx.post(f"{url}/generate", json=BODY, headers=headers)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        for path in ("/openapi.json", "/docs"):  # everything but sampling is the admin's
+            assert httpx.get(url + path, headers=RUN).status_code == 401
+        assert engine.asked == []  # nothing was generated for a refused request
+        assert httpx.get(f"{url}/health").status_code == 200
+        for headers in (RUN, ADMIN):
+            assert httpx.post(f"{url}/generate", json=BODY, headers=headers).status_code == 200
+        assert len(engine.asked) == 2
+
+
+def test_an_admin_key_alone_leaves_generate_closed_to_every_other_key(engine: FakeEngine) -> None:
+    with uvicorn_on_loopback(server.guarded({"ATROPOS_ADMIN_API_KEY": "admin-key"})) as url:
+        for headers in ({}, RUN):
+            assert httpx.post(f"{url}/generate", json=BODY, headers=headers).status_code == 401
+        assert engine.asked == []
+        assert httpx.post(f"{url}/generate", json=BODY, headers=ADMIN).status_code == 200
+
+
+def test_without_a_key_it_serves_loopback_only_and_refuses_browsers(engine: FakeEngine) -> None:
+    with uvicorn_on_loopback(server.guarded({})) as url:
+        foreign = {"origin": "https://evil.example", "sec-fetch-site": "cross-site"}
+        assert httpx.post(f"{url}/generate", json=BODY, headers=foreign).status_code == 403
+        assert engine.asked == []
+        assert httpx.post(f"{url}/generate", json=BODY).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "refused"),
+    [
+        ([], {}, None),  # loopback by default
+        (["--host", "0.0.0.0"], {}, "ATROPOS_API_KEY is not set"),
+        (["--host=10.1.2.3", "--port", "9"], {}, "ATROPOS_INSECURE_NO_KEY=1"),
+        (["--host", "0.0.0.0"], {"ATROPOS_API_KEY": "k"}, None),
+        (["--host", "0.0.0.0"], {"ATROPOS_ADMIN_API_KEY": "k"}, None),
+        (["--host", "0.0.0.0"], {"ATROPOS_INSECURE_NO_KEY": "1"}, None),
+        ([], {"ATROPOS_API_KEY": " "}, "set but empty"),
+    ],
+)
+def test_a_network_bind_needs_a_key(
+    argv: list[str], environ: dict[str, str], refused: str | None
+) -> None:
+    reason = server.bind_refusal(argv, environ)
+    assert reason == refused if refused is None else refused in (reason or "")
+
+
+def test_an_open_network_bind_stops_before_vllm_loads_with_one_line(
+    subprocess_env: dict[str, str],
+) -> None:
+    env = {k: v for k, v in subprocess_env.items() if "API_KEY" not in k}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "example_trainer" / "vllm_api_server.py"),
+         "--model", "any", "--host", "0.0.0.0"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "vllm_api_server: error: --host 0.0.0.0 is reachable from other machines and "
+        "ATROPOS_API_KEY is not set: export the run's key, bind 127.0.0.1, or set "
+        "ATROPOS_INSECURE_NO_KEY=1 to serve it open"
+    ]

@@ -36,6 +36,32 @@ def test_api_key_flag_then_own_variable_then_the_shared_key(
     assert parse_command_line(ViewRunSettings, argv, "view-run").api_key == expected
 
 
+@pytest.mark.parametrize(
+    ("variables", "sft_key", "view_key"),
+    [
+        ({"ATROPOS_API_KEY": "run"}, "run", "run"),
+        ({"ATROPOS_API_KEY": "run", "ATROPOS_ADMIN_API_KEY": "admin"}, "admin", "run"),
+        ({"ATROPOS_ADMIN_API_KEY": "admin"}, "admin", None),
+        ({"ATROPOS_ADMIN_API_KEY": "admin", "ATROPOS_EXPORT_API_KEY": "own"}, "own", None),
+    ],
+)
+def test_exporters_take_batches_with_the_admin_key_the_viewer_reads_with_the_run_key(
+    variables: dict[str, str],
+    sft_key: str,
+    view_key: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taking batches is the broker's admin route; the viewer's /recent_groups is not."""
+    for name in ("ATROPOS_API_KEY", "ATROPOS_ADMIN_API_KEY", "ATROPOS_EXPORT_API_KEY",
+                 "ATROPOS_VIEW_API_KEY"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    sft = parse_command_line(SftSettings, ["out.jsonl", "--save-messages"], "atropos-sft-gen")
+    assert sft.api_key == sft_key
+    assert parse_command_line(ViewRunSettings, [], "view-run").api_key == view_key
+
+
 def test_command_line_only_settings_read_no_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("port", "PORT", "format", "tp"):
         monkeypatch.setenv(name, "9")

@@ -34,9 +34,15 @@ from atroposlib.envs.adapters.openenv_server import LocalServer, hold, wait_heal
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.trajectory import Trajectory
-from atroposlib.errors import ConfigError, ContextFullError, InferenceUnavailableError
+from atroposlib.errors import (
+    ConfigError,
+    ContextFullError,
+    InferenceUnavailableError,
+    ModelOutputError,
+)
 from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item, Message
+from atroposlib.utils.bounded_json import loads_model_output
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +114,8 @@ def reply_to_action(reply: str, action_field: str) -> dict[str, Any]:
         return {action_field: reply}
     start, end = reply.find("{"), reply.rfind("}")
     try:
-        action = json.loads(reply[start : end + 1]) if start != -1 < end else None
-    except ValueError:
+        action = loads_model_output(reply[start : end + 1]) if start != -1 < end else None
+    except ModelOutputError:
         action = None
     if not isinstance(action, dict):
         raise InvalidActionError("the reply holds no JSON object")

@@ -10,7 +10,6 @@ scripted user) relaunch on the accumulated conversation, as verifiers' default d
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from contextlib import AsyncExitStack
@@ -29,6 +28,8 @@ from verifiers.v1.task import TaskData
 from verifiers.v1.trace import Trace
 
 from atroposlib.envs.adapters.vf_client import CONTEXT_FULL
+from atroposlib.errors import ModelOutputError
+from atroposlib.utils.bounded_json import loads_model_output
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +131,8 @@ class InProcessChatHarness(Harness[InProcessChatConfig]):
     ) -> Any:
         """The tool's answer as text; a bad call is answered, not raised (the model's fault)."""
         try:
-            arguments = json.loads(function.arguments or "{}")
-        except ValueError as exc:
+            arguments = loads_model_output(function.arguments or "{}")
+        except ModelOutputError as exc:
             return f"error: invalid JSON in tool arguments ({exc}); resend valid JSON"
         if not isinstance(arguments, dict):
             return "error: tool arguments must be a JSON object"

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from atroposlib.envs.reward_fns.registry import completion_text, register_reward
-from atroposlib.utils.bounded_json import loads_bounded
+from atroposlib.errors import ModelOutputError
+from atroposlib.utils.bounded_json import loads_model_output
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -44,8 +45,8 @@ def normalize_call(call: dict[str, Any]) -> str | None:
         return None
     if isinstance(arguments, str):
         try:
-            arguments = loads_bounded(arguments) if arguments.strip() else {}
-        except ValueError:
+            arguments = loads_model_output(arguments) if arguments.strip() else {}
+        except ModelOutputError:
             return None
     if not isinstance(arguments, dict):
         return None
@@ -66,8 +67,8 @@ def parse_tool_calls(text: str) -> list[str] | None:
     calls = []
     for block in _TOOL_CALL.findall(text):
         try:
-            decoded = loads_bounded(block)
-        except ValueError:
+            decoded = loads_model_output(block)
+        except ModelOutputError:
             return None
         canonical = normalize_call(decoded) if isinstance(decoded, dict) else None
         if canonical is None:

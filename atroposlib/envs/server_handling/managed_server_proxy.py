@@ -165,7 +165,7 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(Exception, _unexpected)
-    access = ProxyAccess(table, settings.api_key, settings.admin_key)
+    access = ProxyAccess(table, settings.run_keys, settings.admin_key)
     mount_key_first(app, access, _error_body)
     mount_guard(app, settings)
     warn_if_open(settings, "the managed-server proxy")

@@ -210,6 +210,8 @@ class ToolCallTranslator:
             )
             for call in extracted.tool_calls
         ]
+        if not all(_utf8(call.function.name) and _utf8(call.function.arguments) for call in calls):
+            return raw_text, []  # e.g. a name decoded from "\\ud800": no reply could carry it
         return extracted.content, calls
 
     def decode_with_tool_awareness(self, token_ids: Sequence[int], has_tools: bool = False) -> str:
@@ -247,6 +249,15 @@ class ToolCallTranslator:
             else:
                 out.append(tool_calls_as_text({**message, "tool_calls": calls}))
         return out
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (it holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _as_dict(call: Any) -> dict[str, Any]:
