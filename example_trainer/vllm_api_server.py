@@ -152,7 +152,9 @@ async def unprocessable(_: Any, exc: Exception) -> JSONResponse:
     return error(422, "; ".join(named) or str(exc))
 
 
-app = FastAPI(title="vLLM /generate (Atropos's API)")
+app = FastAPI(
+    title="vLLM /generate (Atropos's API)", docs_url=None, redoc_url=None, openapi_url=None
+)
 app.add_exception_handler(RequestValidationError, unprocessable)
 
 
@@ -257,7 +259,13 @@ def main(argv: list[str] | None = None) -> None:
     drop_seed = current_platform.is_cpu() and bool(scheduler.enable_chunked_prefill)
     logger.info("serving %s on http://%s:%d (/generate, /health)", args.model, args.host, args.port)
     try:
-        uvicorn.run(guarded(os.environ), host=args.host, port=args.port, log_level=log_level)
+        uvicorn.run(
+            guarded(os.environ),
+            host=args.host,
+            port=args.port,
+            log_level=log_level,
+            proxy_headers=False,
+        )
     finally:
         engine.shutdown()
 

@@ -1,19 +1,21 @@
 """Every server of ours starts uvicorn with ``proxy_headers=False``: uvicorn otherwise takes the
 client address from ``X-Forwarded-For`` on any connection from loopback, so one local client
 could pass for many (the proxy's per-client cap counts by address). A new ``uvicorn.run`` or
-``uvicorn.Config`` in the library without it fails here."""
+``uvicorn.Config`` in the library or the trainer's servers without it fails here."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-LIBRARY = Path(__file__).resolve().parents[1] / "atroposlib"
+ROOT = Path(__file__).resolve().parents[1]
+SERVER_SOURCES = (ROOT / "atroposlib", ROOT / "example_trainer")
 
 
 def uvicorn_starts() -> list[tuple[str, ast.Call]]:
     found = []
-    for path in sorted(LIBRARY.rglob("*.py")):
+    paths = sorted(path for folder in SERVER_SOURCES for path in folder.rglob("*.py"))
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if (
                 isinstance(node, ast.Call)
@@ -22,7 +24,7 @@ def uvicorn_starts() -> list[tuple[str, ast.Call]]:
                 and node.func.value.id == "uvicorn"
                 and node.func.attr in ("run", "Config")
             ):
-                found.append((f"{path.relative_to(LIBRARY)}:{node.lineno}", node))
+                found.append((f"{path.relative_to(ROOT)}:{node.lineno}", node))
     return found
 
 
