@@ -261,37 +261,7 @@ def _add_session_routes(
 ) -> None:
     """Creating a session and everything under ``/{session_id}`` (whose token the gate,
     :class:`ProxyAccess`, has checked before the route runs)."""
-
-    @app.post("/sessions/create")
-    async def create_session(body: SessionCreateRequest, request: Request) -> SessionCreateResponse:
-        try:
-            ToolCallTranslator(tokenizer, body.tool_parser)
-        except ConfigError as exc:
-            raise HTTPException(400, f"tool_parser: {exc}") from exc
-        if body.track_tree:
-            raise HTTPException(400, "track_tree: tree mode is not provided; each session "
-                                "tracks its nodes as a list (send false)")  # fmt: skip
-        try:
-            server = table.pick_server(body.base_url)
-        except ServerChoiceError as exc:
-            raise HTTPException(exc.status_code, str(exc)) from exc
-        recorder = SessionRecorder(server, tokenizer, body.tool_parser, settings.max_attempts)
-        session = ProxySession(
-            uuid=_new_session_id(), recorder=recorder, model_name=model_name,
-            tool_parser=body.tool_parser, base_url=table.base_url_of(server),
-            temperature=body.temperature, client=_client_of(request), token=new_session_token(),
-        )  # fmt: skip
-        refused = table.limit_reached(session.client)
-        if refused is not None:
-            limit = getattr(settings, refused)
-            whose = "are open" if refused == "max_sessions" else "are open for this client"
-            raise HTTPException(429, f"sessions: {limit} {whose} ({refused}); close finished "
-                                "ones with DELETE /{id}")  # fmt: skip
-        table.add(session)  # room was checked just now, with nothing awaited since
-        return SessionCreateResponse(uuid=session.uuid, model_name=model_name,
-                                     tool_parser=session.tool_parser, base_url=session.base_url,
-                                     created_at=session.created_at,
-                                     session_token=session.token)  # fmt: skip
+    _add_create_route(app, table, tokenizer, model_name, settings)
 
     @app.post("/{session_id}/v1/chat/completions")
     async def chat_completions(
@@ -337,6 +307,43 @@ def _add_session_routes(
         if session is None:
             raise HTTPException(404, f"session: no open session {session_id[:80]!r}")
         return DeletedResponse(uuid=session.uuid)
+
+
+def _add_create_route(
+    app: FastAPI, table: SessionTable, tokenizer: Any, model_name: str, settings: ProxySettings
+) -> None:
+    """``POST /sessions/create``: a session on a chosen server, with its own token."""
+
+    @app.post("/sessions/create")
+    async def create_session(body: SessionCreateRequest, request: Request) -> SessionCreateResponse:
+        try:
+            ToolCallTranslator(tokenizer, body.tool_parser)
+        except ConfigError as exc:
+            raise HTTPException(400, f"tool_parser: {exc}") from exc
+        if body.track_tree:
+            raise HTTPException(400, "track_tree: tree mode is not provided; each session "
+                                "tracks its nodes as a list (send false)")  # fmt: skip
+        try:
+            server = table.pick_server(body.base_url)
+        except ServerChoiceError as exc:
+            raise HTTPException(exc.status_code, str(exc)) from exc
+        recorder = SessionRecorder(server, tokenizer, body.tool_parser, settings.max_attempts)
+        session = ProxySession(
+            uuid=_new_session_id(), recorder=recorder, model_name=model_name,
+            tool_parser=body.tool_parser, base_url=table.base_url_of(server),
+            temperature=body.temperature, client=_client_of(request), token=new_session_token(),
+        )  # fmt: skip
+        refused = table.limit_reached(session.client)
+        if refused is not None:
+            limit = getattr(settings, refused)
+            whose = "are open" if refused == "max_sessions" else "are open for this client"
+            raise HTTPException(429, f"sessions: {limit} {whose} ({refused}); close finished "
+                                "ones with DELETE /{id}")  # fmt: skip
+        table.add(session)  # room was checked just now, with nothing awaited since
+        return SessionCreateResponse(uuid=session.uuid, model_name=model_name,
+                                     tool_parser=session.tool_parser, base_url=session.base_url,
+                                     created_at=session.created_at,
+                                     session_token=session.token)  # fmt: skip
 
 
 def _server_info(index: int, server: Any, model_name: str) -> ServerInfo:
