@@ -91,21 +91,38 @@ def argv_parsed_only() -> Iterator[list[argparse.Namespace]]:
     """argparse parses, then the program stops (the program itself never runs)."""
     parsed: list[argparse.Namespace] = []
     original = argparse.ArgumentParser.parse_args
+    original_known = argparse.ArgumentParser.parse_known_args
+    inside_parse_args = False
 
     class Parsed(Exception):
         pass
 
     def parse_then_stop(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        parsed.append(original(self, *args, **kwargs))
+        nonlocal inside_parse_args
+        inside_parse_args = True
+        try:
+            parsed.append(original(self, *args, **kwargs))
+        finally:
+            inside_parse_args = False
+        raise Parsed
+
+    def parse_known_then_stop(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        """A program that passes unknown flags on (``parse_known_args``) stops there too."""
+        known = original_known(self, *args, **kwargs)
+        if inside_parse_args:
+            return known
+        parsed.append(known[0])
         raise Parsed
 
     argparse.ArgumentParser.parse_args = parse_then_stop  # type: ignore[method-assign]
+    argparse.ArgumentParser.parse_known_args = parse_known_then_stop  # type: ignore[method-assign]
     try:
         yield parsed
     except Parsed:
         pass
     finally:
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        argparse.ArgumentParser.parse_known_args = original_known  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------------------
