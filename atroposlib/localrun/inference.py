@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from atroposlib.errors import ConfigError
 from atroposlib.inference.threads import cores_of_this_machine
 from atroposlib.launcher import Component
-from atroposlib.localrun.precision import resolve_precision
 
 if TYPE_CHECKING:
     from atroposlib.localrun.layout import RunLayout
@@ -61,7 +60,7 @@ class EmbeddedInference:
         """``--threads`` of its own, and every core the other processes leave idle (the
         trainer's while it waits for a batch, during the held-out evaluations)."""
         most = max(settings.threads, cores_of_this_machine())
-        dtype = resolve_precision(settings.precision, "embedded").server_dtype
+        dtype = settings.run_precision.server_dtype
         return Component(
             "inference",
             [sys.executable, "-m", "atroposlib.inference", "--model", layout.model,
@@ -103,7 +102,7 @@ class VllmInference:
         vllm_python()
 
     def component(self, layout: RunLayout, settings: LocalRunSettings) -> Component:
-        bf16 = resolve_precision(settings.precision, "vllm").name == "bf16"
+        bf16 = settings.run_precision.name == "bf16"
         return Component(
             "inference",
             [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from atroposlib.localrun.precision import RunPrecision, resolve_precision
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,6 +151,11 @@ class LocalRunSettings(BaseSettings):
         gt=0,
         description="Seconds between plain progress lines when stdout is not a terminal.",
     )
+
+    @cached_property
+    def run_precision(self) -> RunPrecision:
+        """``precision`` resolved for this machine's CPU and the inference choice (read once)."""
+        return resolve_precision(self.precision, self.inference)
 
     @model_validator(mode="after")
     def _evaluation_needs_problems(self) -> LocalRunSettings:
