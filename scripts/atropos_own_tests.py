@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "atropos-own-tests.json"
 
 _DELIBERATE_422 = (
-    "advantages rows longer than their token rows: we answer 422 on purpose (COMPAT.md)"
+    "advantages rows longer than their token rows: we answer 422 on purpose (README: the broker)"
 )
 _PROVIDERS = "calls a hosted model provider (API key and network; Atropos's --runproviders)"
 EXPECTED: dict[str, tuple[str, str]] = {

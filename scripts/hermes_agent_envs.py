@@ -318,12 +318,14 @@ def section(results: dict[str, Any], vllm: dict[str, Any] | None = None) -> list
                      f"{env['tool_calls_in_messages']} | {env['groups_with_distill_fields']} "
                      f"({env['distill_positions_scored']}) | {env['seconds']} |")  # fmt: skip
     teacher, tests = results["teacher_scoring"], results["tests"]
+    test_files = ", ".join(f"`{name.removeprefix('tests/')}`" for name in tests["files"])
     lines += ["", "The teacher call `agentic_opd_env` makes (`get_logprobs(input_ids=..., "
               f"top_k=4, split=\"eval\")` on the manager), made directly: "
               f"{teacher['positions']} positions for {teacher['prompt_tokens']} prompt ids, the "
               f"scored token first: {'yes' if teacher['own_token_first'] else 'no'}.", "",
-              "hermes-agent's atroposlib-facing tests from the snapshot ("
-              f"{', '.join(f'`{t}`' for t in tests['files'])}), each file alone: "
+              "hermes-agent's atroposlib-facing tests from the snapshot (in its `tests/` "
+              f"folder: {test_files}), "
+              "each file alone: "
               f"{tests['summary']}. Skipped, as on Atropos 0.4.0 or for want of what this "
               "machine lacks:", ""]  # fmt: skip
     lines += [f"- {reason}" for reason in tests["skip_reasons"]]

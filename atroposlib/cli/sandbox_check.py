@@ -1,6 +1,6 @@
 """``atropos-sandbox-check``: which isolation mechanisms the code sandbox has on this host, what
 enforces each limit, and hostile probes showing the limits hold. Exit 1 when isolation is weak
-(code environments then refuse ``serve`` unless ``--sandbox.allow_weak_isolation``)."""
+(code environments then refuse ``serve`` unless ``--env.sandbox.allow_weak_isolation``)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ class _CodeEnv(Protocol):
 
 def check_env_sandbox(env: _CodeEnv, limits: SandboxLimits) -> None:
     """At every start: log the sandbox's weaknesses; ``serve`` refuses weak isolation unless
-    ``--sandbox.allow_weak_isolation`` (raises ConfigError naming the fix)."""
+    ``--env.sandbox.allow_weak_isolation`` (raises ConfigError naming the fix)."""
     check_isolation(limits, serving=env.serving, env_name=env.name or type(env).__name__)
 
 

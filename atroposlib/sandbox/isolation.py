@@ -167,6 +167,6 @@ def check_isolation(limits: SandboxLimits, *, serving: bool, env_name: str) -> I
             f"{env_name}: the code sandbox has only weak isolation on this host "
             f"({'; '.join(report.weaknesses)}), so a policy could game its reward or harm the "
             "host; run where user namespaces are allowed (atropos-sandbox-check shows what is "
-            "missing) or pass --sandbox.allow_weak_isolation to accept the risk"
+            "missing) or pass --env.sandbox.allow_weak_isolation to accept the risk"
         )
     return report

@@ -53,7 +53,8 @@ do not edit by hand (a test fails when this file is out of date).
 
 Flag spellings, one per command family: environments take Atropos's `--env.<field>` and
 `--openai.<field>`; our own commands (`run-api`, `atropos-grpo`, `atropos-inference`,
-`atropos-local` and the tools) take `--kebab-case`, nested settings `--loss.clip-eps-low`.
+`atropos-local` and the tools) take `--kebab-case`, nested settings `--loss.clip-eps-low`;
+a name in capitals (`FILEPATH`) is a positional argument, typed without a flag.
 `run-api` and `atropos-grpo` still accept their old `--snake_case` spellings for one release,
 with a deprecation line on stderr. YAML keys and environment variables keep the field names
 (`broker_url:`, `ATROPOS_TRAINER_BROKER_URL`). The broker's URL is `--broker-url` on the
@@ -71,6 +72,8 @@ def render_markdown(sections: Sequence[tuple[str, type[BaseModel], str]]) -> str
         parts.append("\n\n| flag | type | default | description |\n|---|---|---|---|\n")
         for name, info in _flat_fields(model):
             flag = flag_pattern.format(name=name, kebab=name.replace("_", "-"))
+            if _positional(info):
+                flag = name.upper()
             parts.append(
                 f"| `{flag}` | {_escape(_type_name(info.annotation))} | "
                 f"{_escape(_default(info))} | {_escape(info.description or '')} |\n"
@@ -88,6 +91,11 @@ def _flat_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Fi
         else:
             rows.append((f"{prefix}{name}", info))
     return rows
+
+
+def _positional(info: FieldInfo) -> bool:
+    """A ``CliPositionalArg`` field: typed without a flag, shown as ``NAME``."""
+    return any(getattr(marker, "__name__", "") == "_CliPositionalArg" for marker in info.metadata)
 
 
 def documented_sections() -> list[tuple[str, type[BaseModel], str]]:

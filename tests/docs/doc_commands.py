@@ -120,3 +120,31 @@ def doc_commands_in_block(page: str, starts: str) -> list[DocCommand]:
         if first in found:
             return found
     raise AssertionError(f"{page}: no block holds {starts!r}")
+
+
+INLINE = re.compile(r"(?<!`)`(?P<text>[^`\n]+)`(?!`)")
+
+
+@dataclass(frozen=True)
+class InlineSpan:
+    page: Path
+    line: int
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+    def __str__(self) -> str:
+        return f"{self.where}: `{self.text}`"
+
+
+def inline_spans() -> list[InlineSpan]:
+    """Every `code span` of the prose (fenced blocks left out, their lines kept for counting)."""
+    found = []
+    for page in doc_files():
+        prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text())
+        for m in INLINE.finditer(prose):
+            line = prose.count("\n", 0, m.start()) + 1
+            found.append(InlineSpan(page, line, m.group("text").strip()))
+    return found

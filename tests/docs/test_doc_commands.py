@@ -236,7 +236,8 @@ def pip_install(argv: list[str], folder: Path) -> None:
         if m := re.fullmatch(r"\.?\[([\w,-]+)\]", word):
             for extra in m.group(1).split(","):
                 assert extra in project["optional-dependencies"], f"no extra {extra!r}"
-    assert argv[2] == "-e" or argv[2].startswith("torch")
+    atropos_control = argv[2] == "atroposlib==0.4.0"  # Atropos itself, docs/atropos-env-trials.md
+    assert argv[2] == "-e" or argv[2].startswith("torch") or atropos_control
 
 
 def sbatch(argv: list[str], folder: Path) -> None:

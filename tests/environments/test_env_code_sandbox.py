@@ -44,7 +44,7 @@ def test_serving_refuses_weak_isolation_unless_allowed(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(isolation, "isolation_report", lambda: WEAK)
-    with pytest.raises(ConfigError, match=r"--sandbox\.allow_weak_isolation"):
+    with pytest.raises(ConfigError, match=r"--env\.sandbox\.allow_weak_isolation"):
         check_isolation(SandboxLimits(), serving=True, env_name="code_eval")
     with caplog.at_level(logging.WARNING):
         check_isolation(SandboxLimits(allow_weak_isolation=True), serving=True, env_name="x")
@@ -62,7 +62,7 @@ def test_serve_command_exits_with_the_reason_on_weak_isolation() -> None:
         env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "weak isolation" in done.stderr and "--sandbox.allow_weak_isolation" in done.stderr
+    assert "weak isolation" in done.stderr and "--env.sandbox.allow_weak_isolation" in done.stderr
 
 
 async def test_sandbox_failure_fails_the_group_and_is_counted(
