@@ -41,8 +41,8 @@ import torch.distributed as dist
 from torch import nn
 
 from atroposlib.errors import BrokerError, BrokerUnavailableError, ConfigError
-from atroposlib.protocol import TrainerRegistration
 from atroposlib.utils.cli import configure_logging
+from atroposlib.wire.broker import TrainerRegistration
 from example_trainer.checkpoint import (
     STATE_FILE,
     gather_full_state,

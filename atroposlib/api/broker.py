@@ -28,7 +28,7 @@ from atroposlib.errors import (
     StoreWriteError,
     TrainerNotRegisteredError,
 )
-from atroposlib.protocol import (
+from atroposlib.wire.broker import (
     EnvRegistration,
     EnvRegistrationResponse,
     EnvStatusResponse,

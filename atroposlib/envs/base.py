@@ -43,11 +43,11 @@ from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceEngineDeadError, InferenceUnavailableError
 from atroposlib.frontend.jsonl2html import generate_html
 from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
-from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import UUID, Item, Message
 from atroposlib.utils.io import parse_http_response
 from atroposlib.utils.metrics import get_std_min_max_avg
 from atroposlib.utils.tokenize_for_trainer import with_list_chat_template
+from atroposlib.wire.broker import EnvRegistrationResponse, EnvStatusResponse
 
 logger = logging.getLogger(__name__)
 

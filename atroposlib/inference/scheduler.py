@@ -43,7 +43,7 @@ from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.fairness import plan_step
 from atroposlib.inference.jobs import Job, JobCancelled
 from atroposlib.inference.threads import ThreadGovernor
-from atroposlib.protocol import PauseMode
+from atroposlib.wire.engine import PauseMode
 
 logger = logging.getLogger(__name__)
 
