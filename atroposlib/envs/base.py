@@ -1,5 +1,7 @@
 """``BaseEnv``: the class environment authors subclass (Atropos 0.4 hooks and names).
 
+Over 500 lines because it is Atropos's whole subclassing surface, kept on the one class.
+
 Subclasses implement ``get_next_item`` and either ``collect_trajectory`` (one rollout) or
 ``collect_trajectories`` (a whole group), optionally ``setup``, ``evaluate``,
 ``postprocess_histories``, ``wandb_log`` and ``config_init``. Running them is not this
