@@ -1,7 +1,7 @@
 """Numeric bounds of the wire contract (422 past them): steps, sizes, names.
 
-Kept apart from :mod:`atroposlib.protocol` so that :mod:`atroposlib.group` (which the protocol
-re-exports) can use them too; import them from either.
+Kept apart from the wire models (:mod:`atroposlib.wire`) so that :mod:`atroposlib.group`, which
+the broker's wire module re-exports, can use them too.
 """
 
 from __future__ import annotations

@@ -21,9 +21,7 @@ import httpx
 
 from atroposlib import codec
 from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError, RequestBodyError
-from atroposlib.protocol import (
-    JSON_CONTENT_TYPE,
-    MSGPACK_CONTENT_TYPE,
+from atroposlib.wire.broker import (
     Acknowledgement,
     EnvRef,
     EnvRegistration,
@@ -37,6 +35,7 @@ from atroposlib.protocol import (
     TrainerRegistrationResponse,
     WandbInfoResponse,
 )
+from atroposlib.wire.common import JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
 

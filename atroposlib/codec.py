@@ -19,14 +19,13 @@ import numpy as np
 import orjson
 
 from atroposlib.errors import RequestBodyError
-from atroposlib.protocol import (
-    JSON_CONTENT_TYPE,
-    MSGPACK_CONTENT_TYPE,
+from atroposlib.wire.broker import (
     PACKED_FLOAT_DTYPE,
     PACKED_FLOAT_FIELDS,
     PACKED_INT_DTYPE,
     PACKED_INT_FIELDS,
 )
+from atroposlib.wire.common import JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
 

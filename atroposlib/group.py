@@ -39,6 +39,9 @@ from atroposlib.bounds import MAX_STEP, SignedStep, Step
 FinishReason = Literal["stop", "length", "abort", "tool_calls", "content_filter"]
 """Why sampling stopped, as vLLM, SGLang and OpenAI name it (``abort``: cut off by the engine)."""
 
+MASK_IGNORE_INDEX = -100
+"""``masks`` value on positions that are not trained (prompt tokens)."""
+
 NOT_SAMPLED_VERSION = -1
 """``token_policy_versions`` value on positions no engine sampled (prompt, env messages)."""
 

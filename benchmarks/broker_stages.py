@@ -99,7 +99,7 @@ def our_stages(g: int, length: int, b: int) -> list[Stage]:
     from atroposlib.api.store.blob import decode_group, encode_group
     from atroposlib.api.store.sqlite import SqliteStore
     from atroposlib.api.validation import check_group
-    from atroposlib.protocol import MSGPACK_CONTENT_TYPE
+    from atroposlib.wire.common import MSGPACK_CONTENT_TYPE
 
     level = BrokerSettings().gzip_level
     gzipper = Gzipper(gzip_level=level)

@@ -46,7 +46,7 @@ from atroposlib.client import EnvClient, TrainerClient  # noqa: E402
 from atroposlib.envs.sender import GroupSender  # noqa: E402
 from atroposlib.envs.spool import Spool  # noqa: E402
 from atroposlib.errors import BrokerError  # noqa: E402
-from atroposlib.protocol import EnvRegistration, TrainerRegistration  # noqa: E402
+from atroposlib.wire.broker import EnvRegistration, TrainerRegistration  # noqa: E402
 from benchmarks.serving import wait_until_healthy  # noqa: E402
 
 MiB = 1024 * 1024

@@ -20,8 +20,7 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor
 
-from atroposlib.group import GroupMeta
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX, GroupMeta
 from example_trainer.config import LossConfig
 from example_trainer.loss import BatchTotals, group_advantages, role_advantages
 

@@ -36,6 +36,15 @@ def broadcast(obj: Any, world: int) -> Any:
     return box[0]
 
 
+def summed_over_ranks(sums: dict[str, torch.Tensor], world: int) -> dict[str, float]:
+    """The sums of every rank, as floats, ``loss`` first (one all-reduce)."""
+    keys = ["loss", *sorted(k for k in sums if k != "loss")]
+    packed = torch.stack([sums[k] for k in keys])
+    if world > 1:
+        dist.all_reduce(packed)
+    return dict(zip(keys, packed.tolist(), strict=True))
+
+
 def shard_model(model: nn.Module) -> None:
     """FSDP2: shard each transformer block, then the rest (embeddings, head)."""
     from torch.distributed.fsdp import fully_shard

@@ -3,12 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from atroposlib.protocol import (
-    SCORED_DATA_FIELDS,
-    EnvRegistration,
-    ScoredData,
-    TrainerRegistration,
-)
+from atroposlib.group import SCORED_DATA_FIELDS
+from atroposlib.wire.broker import EnvRegistration, ScoredData, TrainerRegistration
 
 ATROPOS_GROUP_FIELDS = {
     "tokens",

@@ -46,9 +46,11 @@ from atroposlib.api.openapi import (
 )
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore, open_store
-from atroposlib.protocol import (
-    INT32_MAX,
-    MAX_STEP,
+from atroposlib.bounds import INT32_MAX, MAX_STEP
+from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
+from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
+from atroposlib.web import validation_answer
+from atroposlib.wire.broker import (
     Acknowledgement,
     AcknowledgementResponse,
     EnvRef,
@@ -66,9 +68,6 @@ from atroposlib.protocol import (
     WaitForTrainerResponse,
     WandbInfoResponse,
 )
-from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
-from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
-from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
 """The broker's state machine: registration, ingest, batches, acks, status. No HTTP here.
 
+Over 500 lines because one class keeps the queue, batch, ack and env-share invariants together.
+
 Every change is written to the store (with the broker state, in one transaction) before the
 method returns, so an HTTP layer that answers after the call never acknowledges something a
 crash could lose. Methods are synchronous and meant to be called from one thread.
@@ -28,7 +30,7 @@ from atroposlib.errors import (
     StoreWriteError,
     TrainerNotRegisteredError,
 )
-from atroposlib.protocol import (
+from atroposlib.wire.broker import (
     EnvRegistration,
     EnvRegistrationResponse,
     EnvStatusResponse,

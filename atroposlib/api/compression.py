@@ -16,7 +16,7 @@ import anyio.to_thread
 from isal import isal_zlib
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from atroposlib.protocol import MSGPACK_CONTENT_TYPE
+from atroposlib.wire.common import MSGPACK_CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from atroposlib.api.batching import EnvShare
 from atroposlib.errors import UnknownEnvError
-from atroposlib.protocol import EnvRegistration, EnvStatusResponse
+from atroposlib.wire.broker import EnvRegistration, EnvStatusResponse
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import simdjson
 
-from atroposlib.protocol import PACKED_FLOAT_FIELDS, PACKED_INT_FIELDS
+from atroposlib.wire.broker import PACKED_FLOAT_FIELDS, PACKED_INT_FIELDS
 
 logger = logging.getLogger(__name__)
 

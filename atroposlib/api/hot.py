@@ -28,6 +28,7 @@ from atroposlib.api.http import read_body_chunks
 from atroposlib.api.metrics import BrokerMetrics
 from atroposlib.api.openapi import request_body
 from atroposlib.api.settings import BrokerSettings
+from atroposlib.bounds import MAX_STEP
 from atroposlib.errors import (
     InvalidGroupError,
     RequestBodyError,
@@ -35,19 +36,18 @@ from atroposlib.errors import (
     TrainerNotRegisteredError,
     UnknownEnvError,
 )
-from atroposlib.protocol import (
-    MAX_STEP,
-    BatchResponse,
-    ScoredData,
-    ScoredDataListResponse,
-    ScoredDataResponse,
-)
 from atroposlib.security import (
     ADMIN_DETAIL,
     UNAUTHORIZED_DETAIL,
     UNAUTHORIZED_HEADERS,
     BrowserGuard,
     bearer_matches,
+)
+from atroposlib.wire.broker import (
+    BatchResponse,
+    ScoredData,
+    ScoredDataListResponse,
+    ScoredDataResponse,
 )
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import TypeAdapter
 
-from atroposlib.protocol import JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE, ErrorResponse
+from atroposlib.wire.broker import ErrorResponse
+from atroposlib.wire.common import JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Fast checks of one decoded group (a dict from JSON or msgpack), with numpy, no pydantic.
 
-The rules are those of :class:`atroposlib.protocol.ScoredData` plus what a trainer needs:
+The rules are those of :class:`atroposlib.group.ScoredData` plus what a trainer needs:
 aligned lengths, finite numbers, at least one sequence, token ids and masks that are numbers
 (not numeric strings) within int32; true/false count as 1/0, as the protocol model takes
 them. A failure raises :class:`InvalidGroupError` naming the field and the fix. The result
@@ -18,14 +18,11 @@ from typing import Any
 import numpy as np
 
 from atroposlib.api.group_fields import check_sequence_fields
+from atroposlib.bounds import MAX_STEP
 from atroposlib.codec import PACKED_DTYPES
 from atroposlib.errors import InvalidGroupError
-from atroposlib.protocol import (
-    MAX_STEP,
-    PACKED_FLOAT_FIELDS,
-    PACKED_INT_FIELDS,
-    SCORED_DATA_FIELDS,
-)
+from atroposlib.group import SCORED_DATA_FIELDS
+from atroposlib.wire.broker import PACKED_FLOAT_FIELDS, PACKED_INT_FIELDS
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from atroposlib.bounds import INT32_MAX
 from atroposlib.export.text import Decoder
-from atroposlib.protocol import INT32_MAX
 from atroposlib.security.keys import non_empty_key
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 from atroposlib.utils.cli_settings import BrokerClientSettings

@@ -1,5 +1,7 @@
 """``BaseEnv``: the class environment authors subclass (Atropos 0.4 hooks and names).
 
+Over 500 lines because it is Atropos's whole subclassing surface, kept on the one class.
+
 Subclasses implement ``get_next_item`` and either ``collect_trajectory`` (one rollout) or
 ``collect_trajectories`` (a whole group), optionally ``setup``, ``evaluate``,
 ``postprocess_histories``, ``wandb_log`` and ``config_init``. Running them is not this
@@ -43,11 +45,11 @@ from atroposlib.envs.tracking import NullTracker, Tracker, make_tracker
 from atroposlib.errors import InferenceEngineDeadError, InferenceUnavailableError
 from atroposlib.frontend.jsonl2html import generate_html
 from atroposlib.group import ScoredData, checked_wire_form, invalid_group_reason
-from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import UUID, Item, Message
 from atroposlib.utils.io import parse_http_response
 from atroposlib.utils.metrics import get_std_min_max_avg
 from atroposlib.utils.tokenize_for_trainer import with_list_chat_template
+from atroposlib.wire.broker import EnvRegistrationResponse, EnvStatusResponse
 
 logger = logging.getLogger(__name__)
 

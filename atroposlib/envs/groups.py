@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
 
-from atroposlib.group import ScoredData
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX, ScoredData
 from atroposlib.type_definitions import Message
 
 

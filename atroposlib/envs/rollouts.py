@@ -30,8 +30,7 @@ from pydantic import BaseModel
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.envs.trajectory import ChatTemplate, Trajectory, finish_reason
 from atroposlib.errors import ContextFullError, InferenceError
-from atroposlib.group import GroupOverrides, ScoredData, SequenceOverrides
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX, GroupOverrides, ScoredData, SequenceOverrides
 from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from atroposlib.errors import (
     ConfigError,
     InferenceEngineDeadError,
 )
-from atroposlib.protocol import EnvRegistration, EnvStatusResponse
+from atroposlib.wire.broker import EnvRegistration, EnvStatusResponse
 
 if TYPE_CHECKING:
     from atroposlib.client import EnvClient

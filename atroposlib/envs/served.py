@@ -14,8 +14,8 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig, Ser
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.stats import PerfStats
 from atroposlib.envs.tracking import Tracker
-from atroposlib.protocol import EnvRegistrationResponse, EnvStatusResponse
 from atroposlib.type_definitions import Item
+from atroposlib.wire.broker import EnvRegistrationResponse, EnvStatusResponse
 
 SubmitGroup = Callable[[dict[str, Any]], None]
 """Hands a validated group to the sender (stamped with its ids and policy version)."""

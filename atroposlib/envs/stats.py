@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atroposlib.envs.config import BaseEnvConfig
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX
 
 
 def summarize(name: str, values: list[float]) -> dict[str, float]:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from atroposlib.envs.server_handling.server_baseline import APIServer
 from atroposlib.errors import ConfigError
-from atroposlib.protocol import TokenizeRequest, TokenizeResponse
+from atroposlib.wire.engine import TokenizeRequest, TokenizeResponse
 
 logger = logging.getLogger(__name__)
 

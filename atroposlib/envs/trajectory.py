@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
-from atroposlib.group import NOT_SAMPLED_VERSION, PROMPT_LOGPROB, FinishReason
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX, NOT_SAMPLED_VERSION, PROMPT_LOGPROB, FinishReason
 from atroposlib.type_definitions import Message
 
 _FINISH_REASONS: frozenset[str] = frozenset(get_args(FinishReason))

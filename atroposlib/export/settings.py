@@ -14,7 +14,7 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import CliPositionalArg, SettingsConfigDict
 
-from atroposlib.protocol import INT32_MAX
+from atroposlib.bounds import INT32_MAX
 from atroposlib.utils.cli_settings import BrokerClientSettings
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from atroposlib.export.groups import plain_group, read_group_files
-from atroposlib.protocol import TrainerRegistration
+from atroposlib.wire.broker import TrainerRegistration
 
 logger = logging.getLogger(__name__)
 

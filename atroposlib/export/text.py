@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 

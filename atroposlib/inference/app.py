@@ -42,15 +42,15 @@ from atroposlib.inference.threads import ThreadGovernor
 from atroposlib.inference.token_api import router as token_router
 from atroposlib.inference.weight_paths import adapter_folder, model_folder
 from atroposlib.inference.weight_transfer import TransferError
-from atroposlib.protocol import (
+from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
+from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
+from atroposlib.web import validation_answer
+from atroposlib.wire.engine import (
     InferenceHealthResponse,
     LoadLoraRequest,
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
-from atroposlib.security import ADMIN_DETAIL, mount_guard, require_bearer, warn_if_open
-from atroposlib.security.gate import RouteKeys, mount_key_first, schema_routes
-from atroposlib.web import validation_answer
 
 logger = logging.getLogger(__name__)
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError)

@@ -34,8 +34,8 @@ from atroposlib.inference.weight_transfer import (
     read_safetensors,
     stage_shared_memory,
 )
-from atroposlib.protocol import UPDATE_TOKEN_HEADER as UPDATE_TOKEN
-from atroposlib.protocol import (
+from atroposlib.wire.engine import UPDATE_TOKEN_HEADER as UPDATE_TOKEN
+from atroposlib.wire.engine import (
     FinishWeightUpdateRequest,
     GenerationStateResponse,
     IsPausedResponse,

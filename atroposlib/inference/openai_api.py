@@ -37,7 +37,7 @@ from atroposlib.inference.streaming import (
     sse_response,
 )
 from atroposlib.inference.tool_calls import chosen_format, reply_message
-from atroposlib.protocol import (
+from atroposlib.wire.openai import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,

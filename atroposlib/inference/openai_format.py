@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from atroposlib.inference.batch import Sequence
 from atroposlib.inference.state import ServerState
-from atroposlib.protocol import (
+from atroposlib.wire.openai import (
     ChoiceLogprobs,
     CompletionLogprobs,
     OpenAIFinishReason,

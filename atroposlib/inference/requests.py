@@ -13,7 +13,7 @@ from atroposlib.inference.batch import Sequence
 from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.sampling import SamplingParams
 from atroposlib.inference.tool_calls import template_message
-from atroposlib.protocol import ChatMessageIn
+from atroposlib.wire.openai import ChatMessageIn
 
 
 def bad_request(field: str, message: str, status_code: int = 400) -> HTTPException:

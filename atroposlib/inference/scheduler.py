@@ -25,7 +25,6 @@ its loop:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -38,12 +37,13 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from atroposlib.inference import commands
 from atroposlib.inference.batch import ActiveBatch, Sequence
 from atroposlib.inference.engine import ModelRunner
 from atroposlib.inference.fairness import plan_step
 from atroposlib.inference.jobs import Job, JobCancelled
 from atroposlib.inference.threads import ThreadGovernor
-from atroposlib.protocol import PauseMode
+from atroposlib.wire.engine import PauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -66,54 +66,6 @@ class SchedulerStats:
     paused: str | None = None
 
 
-@dataclass
-class _Submit:
-    job: Job
-
-
-@dataclass
-class _Cancel:
-    job: Job
-
-
-@dataclass
-class _Swap:
-    model: PreTrainedModel
-    version: int | None
-    done: Callable[[int | BaseException], None]
-
-
-Done = Callable[[Any], None]
-
-
-@dataclass
-class _Pause:
-    mode: PauseMode
-    done: Done
-
-
-@dataclass
-class _Resume:
-    done: Done
-
-
-@dataclass
-class _Install:
-    tensors: dict[str, Tensor]
-    version: int | None
-    done: Done
-
-
-@dataclass
-class _Recompute:
-    """Preempt every running row: each resumes by recomputing its context (new weights)."""
-
-    done: Done
-
-
-_Command = _Submit | _Cancel | _Swap | _Pause | _Resume | _Install | _Recompute
-
-
 class Scheduler:
     """Owns the :class:`ModelRunner` from a worker thread; callers submit jobs to it."""
 
@@ -129,7 +81,7 @@ class Scheduler:
         self.threads = threads
         self.weight_version = 0
         self.stats = SchedulerStats()
-        self._inbox: deque[_Command] = deque()
+        self._inbox: deque[commands.Command] = deque()
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="inference-worker", daemon=True)
@@ -137,9 +89,9 @@ class Scheduler:
         self._jobs: dict[int, Job] = {}  # unsettled jobs, in arrival order
         self._owner: dict[int, Job] = {}  # id(row) -> its job, for the rows in the batch
         self._batch: ActiveBatch | None = None
-        self._swaps: deque[_Swap] = deque()
+        self._swaps: deque[commands.Swap] = deque()
         self._paused: PauseMode | None = None
-        self._drain_waiters: list[Done] = []  # pause(wait) calls answered once drained
+        self._drain_waiters: list[commands.Done] = []  # pause(wait) calls answered once drained
         self._counts = {
             "decode_steps": 0, "preemptions": 0, "cancelled_requests": 0, "aborted_sequences": 0,
             "computed_rows": 0,
@@ -161,12 +113,12 @@ class Scheduler:
         if not sequences:
             raise ValueError("a job needs at least one sequence")
         job = Job(sequences, stream=stream)
-        self._send(_Submit(job))
+        self._send(commands.Submit(job))
         return job
 
     def cancel(self, job: Job) -> None:
         """Drop ``job`` before the next decode step (a no-op once it has settled)."""
-        self._send(_Cancel(job))
+        self._send(commands.Cancel(job))
 
     async def generate(self, sequences: list[Sequence]) -> list[Sequence]:
         """Generate every sequence (batched with whatever else is running) and return them."""
@@ -181,36 +133,36 @@ class Scheduler:
         """Install ``model`` once the started sequences have finished (at once while paused,
         as SGLang does); the new version: ``version``, or the last one + 1."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._send(_Swap(model, version, _resolver(future)))
+        self._send(commands.Swap(model, version, commands.resolver(future)))
         return await future
 
     async def pause(self, mode: PauseMode) -> None:
         """Stop generating (see the module docstring); ``wait`` returns once drained."""
-        await self._command(lambda done: _Pause(mode, done))
+        await self._command(lambda done: commands.Pause(mode, done))
 
     async def resume(self) -> None:
         """Generate again after :meth:`pause` (a no-op when not paused)."""
-        await self._command(_Resume)
+        await self._command(commands.Resume)
 
     async def install_weights(self, tensors: dict[str, Tensor], version: int | None) -> int:
         """Put ``tensors`` in place between two steps; the new weight version."""
-        installed: int = await self._command(lambda done: _Install(tensors, version, done))
+        installed: int = await self._command(lambda done: commands.Install(tensors, version, done))
         return installed
 
     async def recompute_running(self) -> None:
         """Make every running row recompute its context (prompt and output so far)."""
-        await self._command(_Recompute)
+        await self._command(commands.Recompute)
 
     @property
     def paused(self) -> PauseMode | None:
         return self._paused
 
-    async def _command(self, make: Callable[[Done], _Command]) -> Any:
+    async def _command(self, make: Callable[[commands.Done], commands.Command]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._send(make(_resolver(future)))
+        self._send(make(commands.resolver(future)))
         return await future
 
-    def _send(self, command: _Command) -> None:
+    def _send(self, command: commands.Command) -> None:
         with self._wake:
             self._inbox.append(command)
             self._wake.notify()
@@ -236,7 +188,7 @@ class Scheduler:
             self._record_stats()
         self._shut_down()
 
-    def _next_commands(self) -> list[_Command] | None:
+    def _next_commands(self) -> list[commands.Command] | None:
         """The commands sent since the last turn; waits while there is nothing to do."""
         with self._wake:
             while not self._stopping and not self._inbox and not self._has_work():
@@ -260,25 +212,25 @@ class Scheduler:
         admits_new = not self._swaps and self._paused is None
         return any(job.preempted or (admits_new and job.unstarted) for job in self._jobs.values())
 
-    def _apply(self, command: _Command) -> None:
-        if isinstance(command, _Submit):
+    def _apply(self, command: commands.Command) -> None:
+        if isinstance(command, commands.Submit):
             self._jobs[command.job.id] = command.job
-        elif isinstance(command, _Cancel):
+        elif isinstance(command, commands.Cancel):
             self._cancel(command.job)
-        elif isinstance(command, _Swap):
+        elif isinstance(command, commands.Swap):
             self._swaps.append(command)
-        elif isinstance(command, _Pause):
+        elif isinstance(command, commands.Pause):
             self._pause(command)
-        elif isinstance(command, _Resume):
+        elif isinstance(command, commands.Resume):
             self._paused = None
             command.done(None)
-        elif isinstance(command, _Install):
+        elif isinstance(command, commands.Install):
             self._install_tensors(command)
         else:
             self._preempt_all()
             command.done(None)
 
-    def _pause(self, command: _Pause) -> None:
+    def _pause(self, command: commands.Pause) -> None:
         self._paused = command.mode
         if command.mode == "abort":
             self._abort_all()
@@ -313,7 +265,7 @@ class Scheduler:
         self._batch = None
         self._counts["aborted_sequences"] += aborted
 
-    def _install_tensors(self, command: _Install) -> None:
+    def _install_tensors(self, command: commands.Install) -> None:
         try:
             self.runner.install(command.tensors)
         except (KeyError, ValueError, RuntimeError) as error:
@@ -432,7 +384,7 @@ class Scheduler:
         self._counts["cancelled_requests"] += 1
         job.settle(JobCancelled(f"job {job.id} was cancelled"))
 
-    def _install(self, swap: _Swap) -> None:
+    def _install(self, swap: commands.Swap) -> None:
         self.runner.model = swap.model
         self.weight_version = swap.version if swap.version is not None else self.weight_version + 1
         logger.info("weights swapped in; weight_version=%d", self.weight_version)
@@ -473,9 +425,9 @@ class Scheduler:
             job.settle(error)
         self._jobs.clear()
         for command in self._inbox:
-            if isinstance(command, _Submit):
+            if isinstance(command, commands.Submit):
                 command.job.settle(error)
-            elif not isinstance(command, _Cancel):
+            elif not isinstance(command, commands.Cancel):
                 command.done(error)
         for swap in self._swaps:
             swap.done(error)
@@ -493,22 +445,3 @@ def _without(batch: ActiveBatch, leaving: set[int]) -> ActiveBatch | None:
         return None
     batch.keep(keep)
     return batch
-
-
-def _resolver(future: asyncio.Future[Any]) -> Callable[[Any], None]:
-    """A thread-safe callback that settles ``future`` with a result or an exception."""
-    loop = future.get_loop()
-
-    def settle(outcome: object) -> None:
-        if future.done():
-            return
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-    def resolve(outcome: object) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-            loop.call_soon_threadsafe(settle, outcome)
-
-    return resolve

@@ -33,7 +33,7 @@ from atroposlib.inference.openai_format import (
 from atroposlib.inference.serving import cancelled_on_disconnect
 from atroposlib.inference.state import ServerState
 from atroposlib.inference.tool_calls import StreamedCalls, ToolCallFormat
-from atroposlib.protocol import (
+from atroposlib.wire.openai import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,

@@ -25,7 +25,7 @@ from atroposlib.inference.requests import (
 from atroposlib.inference.sampling import SamplingParams
 from atroposlib.inference.serving import run_job
 from atroposlib.inference.state import server_state
-from atroposlib.protocol import (
+from atroposlib.wire.engine import (
     GenerateFinishReason,
     GenerateMetaInfo,
     GenerateRequest,

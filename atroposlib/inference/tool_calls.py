@@ -13,8 +13,8 @@ from typing import Any
 
 from atroposlib.envs.hermes import parse_tool_calls
 from atroposlib.errors import ModelOutputError
-from atroposlib.protocol import ChatMessageOut
 from atroposlib.utils.bounded_json import loads_model_output
+from atroposlib.wire.openai import ChatMessageOut
 
 
 @dataclass(frozen=True)

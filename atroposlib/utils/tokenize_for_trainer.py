@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from atroposlib.export.groups import parse_group, read_group_files
-from atroposlib.protocol import RecentGroupsResponse
+from atroposlib.wire.broker import RecentGroupsResponse
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from atroposlib.export.text import Decoder, trained_span
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 

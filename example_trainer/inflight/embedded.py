@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from atroposlib.inference.weight_transfer import DTYPES, checksums
-from atroposlib.protocol import UPDATE_TOKEN_HEADER as UPDATE_TOKEN
+from atroposlib.wire.engine import UPDATE_TOKEN_HEADER as UPDATE_TOKEN
 from example_trainer.inflight.driver import VllmRoutes
 from example_trainer.inflight.fleet import Fleet, SyncFailure
 from example_trainer.inflight.shm import SharedBlock

@@ -34,8 +34,9 @@ from atroposlib.localrun.components import free_port
 from benchmarks.inference_compare import MIXES, Mix, TreeMonitor, run_mix
 from example_trainer.data import batch_to_samples
 from example_trainer.inflight.tensors import hf_tensors
+from example_trainer.publish import push_to_inference
 from example_trainer.sequence_packing import micro_batch, model_logprobs
-from example_trainer.train import autocast, build_trainee, load_model, push_to_inference
+from example_trainer.trainee import autocast, build_trainee, load_model
 from example_trainer.weight_sync import sync_for
 from gpu_check import trainer_steps
 from gpu_check.context import Context

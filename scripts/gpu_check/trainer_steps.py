@@ -26,7 +26,8 @@ import torch
 
 from atroposlib.localrun.components import free_port
 from example_trainer.config import TrainerConfig, load_config
-from example_trainer.train import Trainee, build_trainee, optimizer_step
+from example_trainer.train import optimizer_step
+from example_trainer.trainee import Trainee, build_trainee
 from gpu_check import batches, shapes
 from gpu_check.context import Context
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.validation import check_group
 from atroposlib.errors import InvalidGroupError
-from atroposlib.protocol import ScoredData
+from atroposlib.wire.broker import ScoredData
 
 
 def _with(**fields: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from broker_testlib import BrokerProcess, env_body, make_group, trainer_body
 
-from atroposlib.protocol import MAX_STEP
+from atroposlib.bounds import MAX_STEP
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from atroposlib.errors import (
     RetryLaterError,
     StoreWriteError,
 )
-from atroposlib.protocol import EnvRegistration, TrainerRegistration
+from atroposlib.wire.broker import EnvRegistration, TrainerRegistration
 
 
 def trainer(**overrides: Any) -> TrainerRegistration:

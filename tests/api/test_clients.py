@@ -14,7 +14,7 @@ from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.client import EnvClient, TrainerClient
 from atroposlib.errors import BrokerRejectedError, BrokerUnavailableError
-from atroposlib.protocol import EnvRegistration, ScoredData, TrainerRegistration
+from atroposlib.wire.broker import EnvRegistration, ScoredData, TrainerRegistration
 from tests.fakes import free_port
 
 

@@ -24,7 +24,7 @@ from broker_testlib import trainer_body
 from atroposlib import codec
 from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
-from atroposlib.protocol import MSGPACK_CONTENT_TYPE
+from atroposlib.wire.common import MSGPACK_CONTENT_TYPE
 
 
 @asynccontextmanager

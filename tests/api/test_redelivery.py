@@ -15,7 +15,7 @@ from broker_testlib import BrokerProcess, make_group, markers, trainer_body
 
 from atroposlib.client import TrainerClient
 from atroposlib.errors import BrokerUnavailableError
-from atroposlib.protocol import TrainerRegistration
+from atroposlib.wire.broker import TrainerRegistration
 
 
 class LosingTransport(httpx.HTTPTransport):

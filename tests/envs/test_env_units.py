@@ -16,7 +16,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig, Ser
 from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.spool import Spool
 from atroposlib.errors import ConfigError
-from atroposlib.protocol import EnvStatusResponse
+from atroposlib.wire.broker import EnvStatusResponse
 from tests.fakes import CharTokenizer
 
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from atroposlib.inference import InferenceSettings, create_app
-from atroposlib.protocol import UPDATE_TOKEN_HEADER
+from atroposlib.wire.engine import UPDATE_TOKEN_HEADER
 
 pytestmark = pytest.mark.model
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from inference_helpers import SERVED_NAME, SERVER_FLAGS, RunningServer, start_server, stop_server
 
-from atroposlib.protocol import UPDATE_TOKEN_HEADER
+from atroposlib.wire.engine import UPDATE_TOKEN_HEADER
 from tests.raw_http import unfinished_post
 
 pytestmark = pytest.mark.model

@@ -10,7 +10,8 @@ import pytest
 import torch
 from inference_helpers import SERVED_NAME, RunningServer
 
-from atroposlib.protocol import ChatCompletionResponse, CompletionResponse, GenerateResponse
+from atroposlib.wire.engine import GenerateResponse
+from atroposlib.wire.openai import ChatCompletionResponse, CompletionResponse
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ import pytest
 from atroposlib.export import selection, text
 from atroposlib.export.selection import ScoreFilters, pair_best_worst, select_top_n
 from atroposlib.export.sources import BrokerRegistration, BrokerSource, SourceBatch
-from atroposlib.protocol import TrainerRegistration
+from atroposlib.wire.broker import TrainerRegistration
 
 
 @pytest.mark.parametrize("module", [selection, text])

@@ -33,7 +33,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.errors import InvalidGroupError
 from atroposlib.group import ScoredData
 from atroposlib.inference.sample_log import read_sample_log
-from atroposlib.protocol import TrainerRegistration
+from atroposlib.wire.broker import TrainerRegistration
 from example_trainer.config import load_config
 from example_trainer.train import train
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from atroposlib.protocol import UPDATE_TOKEN_HEADER
+from atroposlib.wire.engine import UPDATE_TOKEN_HEADER
 from example_trainer.inflight.embedded import EmbeddedEngine
 from example_trainer.inflight.tensors import PushedWeights
 

@@ -12,7 +12,7 @@ from trainer_helpers import make_batch, tiny_llama
 from example_trainer.config import load_config
 from example_trainer.data import batch_to_samples
 from example_trainer.sequence_packing import micro_batch, model_logprobs
-from example_trainer.train import autocast, load_model
+from example_trainer.trainee import autocast, load_model
 
 
 def trained_logprobs(cfg, model, samples) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from atroposlib.protocol import TrainerRegistration
+from atroposlib.wire.broker import TrainerRegistration
 from example_trainer.config import LossConfig
 
 VOCAB = 256

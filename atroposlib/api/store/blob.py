@@ -18,12 +18,8 @@ import numpy as np
 import orjson
 
 from atroposlib.errors import InvalidGroupError
-from atroposlib.protocol import (
-    MASK_IGNORE_INDEX,
-    PACKED_FLOAT_FIELDS,
-    PACKED_INT_FIELDS,
-    SCORED_DATA_FIELDS,
-)
+from atroposlib.group import MASK_IGNORE_INDEX, SCORED_DATA_FIELDS
+from atroposlib.wire.broker import PACKED_FLOAT_FIELDS, PACKED_INT_FIELDS
 
 logger = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from atroposlib.api.store import sqlite_schema as sql
 from atroposlib.api.store.background import Checkpointer, lock_store
 from atroposlib.api.store.base import (
     DEFAULT_GROUP_IDS_KEPT,
@@ -57,20 +58,6 @@ from atroposlib.api.store.space import DiskSpace
 
 logger = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS groups (
-    key INTEGER PRIMARY KEY, env_id INTEGER, size INTEGER NOT NULL, tokens INTEGER NOT NULL,
-    max_len INTEGER NOT NULL, nbytes INTEGER NOT NULL, policy_version INTEGER,
-    batch_step INTEGER, payload BLOB NOT NULL,
-    segment INTEGER, offset INTEGER, crc INTEGER);
-CREATE TABLE IF NOT EXISTS batches (
-    step INTEGER PRIMARY KEY, keys BLOB NOT NULL, delivered INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS group_ids (seq INTEGER PRIMARY KEY, group_id TEXT UNIQUE NOT NULL);
-CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 0), body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS log_position (
-    id INTEGER PRIMARY KEY CHECK (id = 0), segment INTEGER NOT NULL, offset INTEGER NOT NULL);
-"""
-_LOCATION_COLUMNS = ("segment", "offset", "crc")  # absent from files of earlier versions
 _PRUNE_EVERY = 10_000
 APPLY_EVERY = 256
 """Changes written to the segment log before they are applied to SQLite in one transaction."""
@@ -83,25 +70,6 @@ MIN_FREE_BYTES = 128 * 1024 * 1024
 _FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 SYNC_INTERVAL_S = 1.0
 """How often the background thread fdatasyncs segments and checkpoints the WAL after writes."""
-
-_INSERT_GROUP = (
-    "INSERT INTO groups (key, env_id, size, tokens, max_len, nbytes, policy_version, payload,"
-    " segment, offset, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_BATCH = "INSERT OR REPLACE INTO batches (step, keys, delivered) VALUES (?, ?, ?)"
-_SET_DELIVERED = "UPDATE batches SET delivered = ? WHERE step = ?"
-_DELETE_BATCH = "DELETE FROM batches WHERE step = ?"
-_DELETE_GROUP = "DELETE FROM groups WHERE key = ?"
-_MOVE_GROUP = "UPDATE groups SET segment = ?, offset = ?, crc = ? WHERE key = ?"
-_GroupRow = tuple[int, int | None, int, int, int, int, int | None, bytes, int, int, int]
-
-
-def _group_row(meta: list[Any], location: PayloadLocation, crc: int) -> _GroupRow:
-    key, env_id, size, tokens, max_len, nbytes, policy_version = meta
-    return (
-        key, env_id, size, tokens, max_len, nbytes, policy_version, b"",
-        location.segment, location.offset, crc,
-    )  # fmt: skip
 
 
 class SqliteStore(GroupStore):
@@ -120,15 +88,7 @@ class SqliteStore(GroupStore):
         self._inserts_since_prune = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock_store(self.path)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA wal_autocheckpoint=0")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(groups)")}
-        for column in _LOCATION_COLUMNS:
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE groups ADD COLUMN {column} INTEGER")
+        self._db = sql.connect(self.path)
         self._log = SegmentLog(self.path.with_name(self.path.name + "-segments"), segment_bytes)
         self._space = DiskSpace(self._log.folder, min_free_bytes)
         self._pending: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -203,20 +163,20 @@ class SqliteStore(GroupStore):
             for (*meta, group_id), location, crc in zip(
                 header["groups"], locations, header["crcs"], strict=True
             ):
-                rows.append(_group_row(meta, location, crc))
+                rows.append(sql.group_row(meta, location, crc))
                 self._place(meta[0], location)
                 if group_id is not None:
                     self._pending_ids[group_id] = None
                     self._recent_ids.add(group_id)
-            self._queue_sql(_INSERT_GROUP, rows)
+            self._queue_sql(sql.INSERT_GROUP, rows)
         elif op == "batch":
             row = (header["step"], orjson.dumps(header["keys"]), int(header["delivered"]))
-            self._queue_sql(_INSERT_BATCH, [row])
+            self._queue_sql(sql.INSERT_BATCH, [row])
         elif op == "delivered":
             flag = int(header["delivered"])
-            self._queue_sql(_SET_DELIVERED, [(flag, step) for step in header["steps"]])
+            self._queue_sql(sql.SET_DELIVERED, [(flag, step) for step in header["steps"]])
         elif op == "release":
-            self._queue_sql(_DELETE_BATCH, [(step,) for step in header["steps"]])
+            self._queue_sql(sql.DELETE_BATCH, [(step,) for step in header["steps"]])
         elif op == "move":
             moves = []
             for index, (key, location, crc) in enumerate(
@@ -227,9 +187,9 @@ class SqliteStore(GroupStore):
                 self._forget([key])
                 self._place(key, location)
                 moves.append((location.segment, location.offset, crc, key))
-            self._queue_sql(_MOVE_GROUP, moves)
+            self._queue_sql(sql.MOVE_GROUP, moves)
         if op in ("release", "drop"):
-            self._queue_sql(_DELETE_GROUP, [(key,) for key in header["keys"]])
+            self._queue_sql(sql.DELETE_GROUP, [(key,) for key in header["keys"]])
             self._forget(header["keys"])
         if "state" in header:
             self._pending_state = header["state"]

@@ -34,8 +34,7 @@ from atroposlib.envs.rollouts import trajectory_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.trajectory import Trajectory
 from atroposlib.errors import ConfigError, InferenceUnavailableError
-from atroposlib.group import NOT_SAMPLED_VERSION, PROMPT_LOGPROB, ScoredData
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX, NOT_SAMPLED_VERSION, PROMPT_LOGPROB, ScoredData
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.server_baseline import TokenAnswer
 from atroposlib.errors import ConfigError, InferenceError
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX
 
 
 class TokenBackend(Protocol):

@@ -32,8 +32,7 @@ from atroposlib.envs.server_handling.proxy_protocol import (
 )
 from atroposlib.envs.trajectory import Trajectory, finish_reason
 from atroposlib.errors import InferenceError, InferenceRejectedError
-from atroposlib.group import NOT_SAMPLED_VERSION
-from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.group import MASK_IGNORE_INDEX, NOT_SAMPLED_VERSION
 from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)
