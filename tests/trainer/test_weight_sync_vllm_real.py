@@ -325,10 +325,11 @@ def test_the_trainer_stops_with_one_line_when_vllm_refuses_its_weights(
                                "--port", str(port)], env=subprocess_env)  # fmt: skip
     try:
         from test_trainer_e2e import post_batches
-        from trainer_helpers import wait_healthy
+
+        from atroposlib.utils.health import wait_healthy
 
         broker_url = f"http://127.0.0.1:{port}"
-        wait_healthy(broker_url, broker)
+        wait_healthy(f"{broker_url}/health", timeout_s=120, process=broker)
         post_batches(broker_url, 1)
         command = [
             sys.executable, "-m", "example_trainer.train", "--model", str(smaller),
@@ -394,8 +395,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     import subprocess
     import sys
 
-    from trainer_helpers import wait_healthy
-
+    from atroposlib.utils.health import wait_healthy
     from tests.fakes import free_port
 
     repo = Path(__file__).resolve().parents[2]
@@ -408,7 +408,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     procs = [subprocess.Popen([sys.executable, "-m", "atroposlib.api", "--store", "memory",
                                "--port", str(port)], env=subprocess_env)]  # fmt: skip
     try:
-        wait_healthy(broker_url, procs[0])
+        wait_healthy(f"{broker_url}/health", timeout_s=120, process=procs[0])
         procs.append(subprocess.Popen(
             [sys.executable, str(repo / "environments/reasoning_gym/env.py"), "serve",
              "--config", str(repo / "configs/local-cpu-env.yaml"),
