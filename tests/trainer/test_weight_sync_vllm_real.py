@@ -27,16 +27,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from hold_testlib import freeze, hold_mid_generation, vllm_counters
 from vllm_sync_testlib import (
     PROMPT_IDS,
     InFlight,
     checksums,
-    freeze,
     greedy,
     greedy_margins,
     hand_logprobs,
     hf_greedy,
-    hold_mid_generation,
     live_sync,
     load_model,
     next_version,
@@ -146,7 +145,7 @@ def test_keep_mode_finishes_frozen_replies_on_the_new_weights(
     sync = live_sync(url, "shm", "keep", tmp_path)
     freeze(url)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
+    hold_mid_generation(url, IN_FLIGHT, vllm_counters, rollouts.ended)
     step = next_version()
     report = push(sync, model, tmp_path / "unused", step)
     sync.close()
@@ -180,7 +179,7 @@ def test_wait_mode_lets_replies_finish_before_the_update(
     sync = live_sync(url, "shm", "wait", tmp_path)
     freeze(url)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
+    hold_mid_generation(url, IN_FLIGHT, vllm_counters, rollouts.ended)
     httpx.post(f"{url}/resume").raise_for_status()  # running again when the push pauses
     step = next_version()
     report = push(sync, perturb(load_model(model_path()), seed=4), tmp_path / "unused", step)
@@ -234,7 +233,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
         thread = threading.Thread(target=run, daemon=True)
         freeze(url)
         thread.start()
-        hold_mid_generation(url, IN_FLIGHT, ended)
+        hold_mid_generation(url, IN_FLIGHT, vllm_counters, ended)
         sync = live_sync(url, "shm", "abort", tmp_path)
         report = push(sync, perturb(load_model(model_path()), seed=5), tmp_path / "x", 1000)
         sync.close()
