@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from types import TracebackType
 import httpx
 
 from atroposlib.errors import AtroposError
+from atroposlib.utils.health import NotHealthyError, log_tail, wait_healthy
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Supervisor:
         return {r.component.name: r.process.pid for r in self._running}
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        return _tail(self._find(name).log_path, lines)
+        return log_tail(self._find(name).log_path, lines)
 
     def stop_all(self, grace_s: float = 15.0) -> None:
         for running in reversed(self._running):
@@ -133,26 +133,19 @@ class Supervisor:
     def _wait_healthy(self, running: _Running) -> None:
         component = running.component
         assert component.health_url is not None
-        deadline = time.monotonic() + component.startup_timeout_s
-        while time.monotonic() < deadline:
-            code = running.process.poll()
-            if code is not None:
-                raise ComponentFailedError(
-                    f"{component.name} exited with code {code} during start-up; "
-                    f"last lines of {running.log_path}:\n{_tail(running.log_path, 30)}"
-                )
-            try:
-                if self._http.get(component.health_url).status_code == 200:
-                    logger.info("%s is healthy", component.name)
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        raise ComponentFailedError(
-            f"{component.name} did not answer {component.health_url} within "
-            f"{component.startup_timeout_s:.0f} s; last lines of {running.log_path}:\n"
-            f"{_tail(running.log_path, 30)}"
-        )
+        try:
+            wait_healthy(
+                component.health_url,
+                timeout_s=component.startup_timeout_s,
+                poll_s=0.25,
+                process=running.process,
+                log_path=running.log_path,
+                name=component.name,
+                client=self._http,
+            )
+        except NotHealthyError as err:
+            raise ComponentFailedError(str(err)) from err
+        logger.info("%s is healthy", component.name)
 
 
 def _stop(process: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -167,14 +160,3 @@ def _stop(process: subprocess.Popen[bytes], grace_s: float) -> None:
         process.wait()
     except ProcessLookupError:
         process.wait()
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 16_384))
-            text = handle.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from atroposlib.codec import pack_group  # noqa: E402
+from atroposlib.utils.health import wait_healthy  # noqa: E402
 
 
 def make_group(rng: random.Random, size: int, length: int) -> dict[str, object]:
@@ -76,12 +77,7 @@ def main() -> None:
         proc = subprocess.Popen(command, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(300):
-                try:
-                    httpx.get(f"{url}/health", timeout=1)
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+            wait_healthy(f"{url}/health", timeout_s=30, poll_s=0.1, process=proc, name="the broker")
             with httpx.Client(base_url=url, timeout=60) as http:
                 registration = {"wandb_group": "g", "wandb_project": "p", "batch_size": 10**9,
                                 "max_token_len": args.length, "checkpoint_dir": "c",

@@ -68,6 +68,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from atroposlib.utils.health import wait_healthy  # noqa: E402
+
 ATROPOS_VERSION = "0.4.0"
 ATROPOS_VENV = ROOT / "benchmarks" / ".venv-atropos"
 # What atroposlib.api.server imports, pinned to the versions of the venv running this script.
@@ -624,16 +626,13 @@ def start_server(name: str, workdir: Path, ours_src: Path = ROOT) -> Server:
     with log_path.open("wb") as log:
         popen = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = Server(name, popen, f"http://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"{name} exited: {log_path.read_text()[-2000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(server.base_url + "/", timeout=1.0).status_code == 200:
-                return server
-        time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"{name} did not answer GET / within 60 s")
+    try:
+        wait_healthy(f"{server.base_url}/", timeout_s=60, poll_s=0.1, process=popen,
+                     log_path=log_path, name=name)  # fmt: skip
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 class RssSampler(threading.Thread):

@@ -32,6 +32,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from atroposlib.utils.health import wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 ATROPOS_PYTHON = ROOT / "benchmarks/.venv-atropos-env/bin/python"
 BATCH_SIZE = 64
@@ -41,16 +43,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_up(url: str) -> None:
-    for _ in range(300):
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise TimeoutError(url)
 
 
 def tokenizer_folder() -> str:
@@ -98,8 +90,10 @@ def run_one(
     ]  # fmt: skip
     broker = f"http://127.0.0.1:{broker_port}"
     try:
-        wait_up(f"http://127.0.0.1:{infer_port}/control")
-        wait_up(broker + "/")
+        wait_healthy(f"http://127.0.0.1:{infer_port}/health", timeout_s=30, poll_s=0.1,
+                     process=children[0], name="the fake inference server")  # fmt: skip
+        wait_healthy(f"{broker}/health", timeout_s=30, poll_s=0.1, process=children[1],
+                     name="the broker")  # fmt: skip
         trainer = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": BATCH_SIZE,
                    "max_token_len": 512, "checkpoint_dir": "", "save_checkpoint_interval": 0,
                    "starting_step": 0, "num_steps": 100000}  # fmt: skip

@@ -39,6 +39,8 @@ from typing import Any
 import httpx
 import msgpack
 
+from atroposlib.utils.health import wait_healthy
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "fuzz-key"
 
@@ -337,17 +339,10 @@ class Broker:
         with self.store.with_suffix(".log").open("ab") as log:
             self.proc = subprocess.Popen(command, env=env, stderr=log, stdout=log)
         auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker on {self.store} exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/health", headers=auth, timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"broker on {self.store} did not answer /health within 30 s")
+        wait_healthy(f"{self.url}/health", timeout_s=30, poll_s=0.1, process=self.proc,
+                     log_path=self.store.with_suffix(".log"), headers=auth,
+                     name=f"the broker on {self.store}")  # fmt: skip
+        return self
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

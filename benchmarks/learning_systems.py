@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from atroposlib.envs.reward_fns.graded import Graded, grade_answer
-from benchmarks.serving import wait_until_healthy
+from benchmarks.serving import served_evaluation
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = REPO / "environments" / "reasoning_gym" / "env.py"
@@ -193,41 +193,19 @@ def served_greedy_answers(
     evaluates: the embedded server (``python -m atroposlib.inference``, shared prompt beginnings
     on) serving the folder, ``env.py evaluate`` against it. -> the ``samples.jsonl`` rows
     (``problem``, ``response``, ``strict``, ``lenient``, ``formatted`` ...) in held-out order.
-    Raises ``RuntimeError`` naming the log if the server cannot serve the folder."""
-    from atroposlib.localrun.components import free_port
+    Raises ``NotHealthyError`` naming the log if the server cannot serve the folder."""
     from atroposlib.localrun.settings import LocalRunSettings
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    port, log_path = free_port(), out_dir / "server.log"
     size = len(task.held_out) if eval_size is None else eval_size
     # Every problem in one batch: same replies, 1.2-1.35x faster on sums than the server's
     # default 64 rows, ~1.08x on three sums (benchmarks/README.md, held_out_eval.py).
     batch = str(min(size, ONE_BATCH_MAX))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("ATROPOS_API_KEY", None)  # a private server on a free port, for this one evaluation
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "atroposlib.inference", "--model", str(model_dir),
-             "--port", str(port), "--served-model-name", "default", "--threads", str(threads),
-             "--max-batch-size", batch],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-        )  # fmt: skip
-    try:
-        name = f"the inference server for {model_dir}"
-        wait_until_healthy(f"http://127.0.0.1:{port}", server, startup_s, log_path, name=name)
-        subprocess.run(
-            [sys.executable, str(ENV_SCRIPT), "evaluate", "--config", str(task.env_config),
-             "--openai.base_url", f"http://127.0.0.1:{port}/v1",
-             "--openai.model_name", "default", "--openai.server_type", "embedded",
-             "--openai.num_requests_for_eval", batch, "--env.tokenizer_name", str(model_dir),
-             "--env.max_token_length", str(LocalRunSettings().max_token_len),
-             "--env.seed", str(task.config.seed), "--env.eval_size", str(size),
-             "--env.data_dir_to_save_evals", str(out_dir)],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO,
-        )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    served_evaluation(
+        model_dir, task.env_config, out_dir, eval_size=size, threads=threads,
+        max_token_length=LocalRunSettings().max_token_len, server_flags=["--max-batch-size", batch],
+        env_flags=["--openai.num_requests_for_eval", batch, "--env.seed", str(task.config.seed)],
+        startup_s=startup_s,
+    )  # fmt: skip
     with (out_dir / "samples.jsonl").open() as handle:
         rows = {row["problem"]: row for row in map(json.loads, handle)}
     wanted = [task.key(entry) for entry in task.held_out[:size]]

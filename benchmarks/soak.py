@@ -46,8 +46,8 @@ from atroposlib.client import EnvClient, TrainerClient  # noqa: E402
 from atroposlib.envs.sender import GroupSender  # noqa: E402
 from atroposlib.envs.spool import Spool  # noqa: E402
 from atroposlib.errors import BrokerError  # noqa: E402
+from atroposlib.utils.health import wait_healthy  # noqa: E402
 from atroposlib.wire.broker import EnvRegistration, TrainerRegistration  # noqa: E402
-from benchmarks.serving import wait_until_healthy  # noqa: E402
 
 MiB = 1024 * 1024
 GROUP_SIZE, BATCH_SIZE, SEQ_LEN = 2, 4, 384
@@ -127,7 +127,8 @@ class Broker:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-        wait_until_healthy(self.url, self.proc, 60, self.log, poll_s=0.05, name="the broker")
+        wait_healthy(f"{self.url}/health", timeout_s=60, poll_s=0.05, process=self.proc,
+                     log_path=self.log, name="the broker")  # fmt: skip
 
     def kill9(self) -> None:
         assert self.proc is not None

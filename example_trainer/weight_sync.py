@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 import httpx
 from torch import Tensor, nn
 
+from atroposlib.utils.health import NotHealthyError, wait_healthy
 from example_trainer.config import LIVE_SYNC, TrainerConfig
 from example_trainer.sync_report import SyncReport
 
@@ -213,17 +214,11 @@ class VllmRestart:
         port = urlparse(url).port or 8000
         argv = shlex.split(self.command.format(model=model, port=port))
         self.procs[url] = proc = subprocess.Popen(argv, env=self.env)
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return f"server exited with code {proc.returncode}"
-            try:
-                if httpx.get(url + "/health", timeout=2.0).is_success:
-                    return None
-            except httpx.HTTPError:
-                pass  # still starting
-            time.sleep(0.5)
-        return f"not healthy after {self.ready_timeout:.0f} s"
+        try:
+            wait_healthy(f"{url}/health", timeout_s=self.ready_timeout, poll_s=0.5, process=proc)
+        except NotHealthyError as err:
+            return str(err)
+        return None
 
     def _restart(self, url: str, model: str) -> str | None:
         error: str | None = "not attempted"

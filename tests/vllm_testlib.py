@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
 VLLM_VERSION = "0.32.0"
@@ -170,21 +171,14 @@ class VllmServer:
                 self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # so stop() reaches the engine-core child too
             )  # fmt: skip
-        started = time.monotonic()
-        while time.monotonic() - started < self.startup_timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} while starting; "
-                                   f"log {self.log_path}:\n{self.log_tail()}")  # fmt: skip
-            try:
-                answer = httpx.get(f"{self.base_url}/models", timeout=5, headers=self.headers)
-                if answer.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"vLLM did not answer /v1/models within {self.startup_timeout_s:.0f} s; "
-                           f"log {self.log_path}:\n{self.log_tail()}")  # fmt: skip
+        try:
+            wait_healthy(f"{self.base_url}/models", timeout_s=self.startup_timeout_s, poll_s=1.0,
+                         process=self.proc, log_path=self.log_path, headers=self.headers,
+                         name="vLLM")  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

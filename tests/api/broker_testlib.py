@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +16,7 @@ import httpx
 from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -104,17 +104,9 @@ class BrokerProcess:
         self.proc = subprocess.Popen(command, env=env)
         key = self.api_key or self.admin_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/health", headers=headers, timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("broker did not answer /health within 30 s")
+        wait_healthy(f"{self.url}/health", timeout_s=30, poll_s=0.1, process=self.proc,
+                     headers=headers, name="the broker")  # fmt: skip
+        return self
 
     def kill9(self) -> None:
         assert self.proc is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.inference_fairness import MAX_BATCH, measure
-from benchmarks.inference_throughput import start_embedded
+from benchmarks.serving import start_embedded
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 

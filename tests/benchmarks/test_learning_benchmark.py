@@ -15,6 +15,7 @@ import pytest
 
 from atroposlib.envs.heldout import HeldOutOverlapError
 from atroposlib.localrun.bootstrap import bootstrap_mean, gain_difference, gains
+from atroposlib.utils.health import NotHealthyError
 from benchmarks.learning_systems import (
     TASKS,
     Snapshot,
@@ -225,7 +226,7 @@ def test_a_model_already_graded_is_read_back_not_generated_again(
     graded = evaluate(task, None, missing_model, tmp_path, 1)
     assert graded.rate("strict") == 0.5 and graded.rate("formatted") == 3 / 200
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
-    with pytest.raises(RuntimeError, match="before it served"):  # other problems: generates
+    with pytest.raises(NotHealthyError, match="before it answered"):  # other problems: generates
         evaluate(task, None, missing_model, tmp_path, 1)
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atroposlib.utils.health import wait_healthy
 from tests.docs.doc_commands import REPO, DocCommand, doc_commands_in_block
 from tests.fakes import free_port
-from tests.trainer.trainer_helpers import wait_healthy
 from tests.vllm_testlib import model_path, stop_process_group, vllm_environment, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -94,8 +94,8 @@ def test_the_readme_cluster_recipe_runs_on_vllm(tmp_path: Path) -> None:
                                      stdout=logs["vllm"], stderr=subprocess.STDOUT)  # fmt: skip
         procs.append(vllm_proc)
         bearer = {"Authorization": f"Bearer {key}"}
-        wait_healthy(broker_url, procs[0], 120, headers=bearer)
-        wait_healthy(vllm_url, vllm_proc, 900, headers=bearer)
+        wait_healthy(f"{broker_url}/health", timeout_s=120, process=procs[0], headers=bearer)
+        wait_healthy(f"{vllm_url}/health", timeout_s=900, process=vllm_proc, headers=bearer)
         # the middleware holds the key: a push without it is refused, and changes nothing
         refused = httpx.post(f"{vllm_url}/pause", params={"mode": "keep"}, timeout=30)
         assert refused.status_code == 401

@@ -15,6 +15,7 @@ import torch
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.inference import sample_log
+from atroposlib.utils.health import wait_healthy
 from example_trainer.config import LossConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals
 from example_trainer.loss import LossInputs, grpo_loss
@@ -58,15 +59,12 @@ class ScriptedServer:
         args = [sys.executable, str(HERE / "scripted_openai.py"), "--port", str(self.port),
                 "--script", str(script), "--tokenizer", tokenizer_path()]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.url + "/v1/models", timeout=1).raise_for_status()
-                return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        self.stop()
-        raise TimeoutError("scripted server did not start")
+        try:
+            wait_healthy(f"{self.url}/v1/models", timeout_s=60, poll_s=0.1, process=self.proc,
+                         name="the scripted server")  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
 
     @property
     def url(self) -> str:
@@ -137,15 +135,12 @@ class BrokerServer:
                 "memory"]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=child_env())  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.url + "/", timeout=1).raise_for_status()
-                return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        self.stop()
-        raise TimeoutError("broker did not start")
+        try:
+            wait_healthy(f"{self.url}/health", timeout_s=30, poll_s=0.1, process=self.proc,
+                         name="the broker")  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
 
     @property
     def url(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,18 +40,6 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up in {timeout} s")
-
-
 class Process:
     """A child process with a port; ``stop()`` ends it (and only it)."""
 
@@ -67,7 +56,8 @@ class Process:
         self.proc = subprocess.Popen(
             self.args, stdout=handle, stderr=subprocess.STDOUT, env=child_env(**self.env)
         )
-        wait_http(self.url + self.health)
+        wait_healthy(self.url + self.health, timeout_s=30, poll_s=0.1, process=self.proc,
+                     log_path=self.log)  # fmt: skip
         return self
 
     def stop(self) -> None:
@@ -81,13 +71,13 @@ def broker_process(
 ) -> Process:
     port = port or free_port()
     args = [sys.executable, "-m", "atroposlib.api", "--port", str(port), "--store", store, *extra]
-    return Process(args, port, "/", tmp / "broker.log")
+    return Process(args, port, "/health", tmp / "broker.log")
 
 
 def fake_inference(tmp: Path) -> Process:
     port = free_port()
     args = [sys.executable, str(HERE / "fake_openai.py"), "--port", str(port)]
-    return Process(args, port, "/control", tmp / "fake.log")
+    return Process(args, port, "/health", tmp / "fake.log")
 
 
 def set_mode(fake: Process, mode: str) -> dict[str, Any]:

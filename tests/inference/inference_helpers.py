@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import torch
 
 from atroposlib.inference.batch import Sequence
 from atroposlib.inference.engine import ModelRunner
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
 SERVED_NAME = "smol"
@@ -39,18 +38,13 @@ def start_server(
     log = open(log_path, "wb")  # noqa: SIM115 - the child process owns it
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: {log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return RunningServer(url, model_path, process, log_path=log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"server did not become healthy: {log_path.read_text()}")
+    try:
+        wait_healthy(f"{url}/health", timeout_s=180, poll_s=0.5, process=process,
+                     log_path=log_path, name="the inference server")  # fmt: skip
+    except BaseException:
+        process.kill()
+        raise
+    return RunningServer(url, model_path, process, log_path=log_path)
 
 
 def stop_server(server: RunningServer) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 from tests.tools.fixture_groups import DATA, GROUPS_PATH
 
@@ -95,16 +95,8 @@ def live_broker(tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[Live
     command += ["--store", f"sqlite:{tmp_path / 'broker.sqlite3'}", "--log-level", "warning"]
     process = subprocess.Popen(command, env=subprocess_env)
     broker = LiveBroker(f"http://127.0.0.1:{port}", process)
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, f"broker exited with {process.returncode}"
-        try:
-            if httpx.get(broker.url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "broker did not answer /health within 60 s"
-        time.sleep(0.1)
+    wait_healthy(f"{broker.url}/health", timeout_s=60, poll_s=0.1, process=process,
+                 name="the broker")  # fmt: skip
     yield broker
     process.terminate()
     try:

@@ -10,16 +10,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 from tests.tools.conftest import LiveBroker, fixture_groups, without_env_ids
 from tests.tools.fixture_groups import GROUPS_PATH
@@ -64,16 +63,8 @@ def view_run(subprocess_env: dict[str, str]) -> Iterator[Callable[..., ViewRun]]
         process = subprocess.Popen(command, env=subprocess_env)
         started.append(process)
         url = f"http://127.0.0.1:{port}/"
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, f"view-run exited with {process.returncode}"
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return ViewRun(url, process)
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "view-run did not answer within 180 s"
-            time.sleep(0.5)
+        wait_healthy(url, timeout_s=180, poll_s=0.5, process=process, name="view-run")
+        return ViewRun(url, process)
 
     yield start
     for process in started:

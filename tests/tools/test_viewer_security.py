@@ -10,13 +10,13 @@ from __future__ import annotations
 import doctest
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
 from atroposlib.cli import view_run
+from atroposlib.utils.health import wait_healthy
 from atroposlib.viewer import app as viewer_app
 from atroposlib.viewer.app import build_app, launch
 from tests.fakes import free_port
@@ -162,15 +162,9 @@ def _start_cli(env: dict[str, str]) -> tuple[subprocess.Popen[str], httpx.Client
         [*command, "--port", str(port)], env=env, stdout=subprocess.PIPE, text=True
     )
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-    deadline = time.monotonic() + 90
-    while True:
-        assert process.poll() is None, f"view-run exited with {process.returncode}"
-        try:
-            client.get("/")
-            return process, client
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "view-run did not answer within 90 s"
-            time.sleep(0.3)
+    wait_healthy(f"{client.base_url}", timeout_s=90, poll_s=0.3, process=process,
+                 name="view-run", client=client)  # fmt: skip
+    return process, client
 
 
 @pytest.mark.slow

@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from trainer_helpers import FAKE_SERVER, tiny_llama, wait_healthy
+from trainer_helpers import FAKE_SERVER, tiny_llama
 
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
 
@@ -33,7 +34,7 @@ def fake_server(tiny_model: Path, subprocess_env: dict[str, str]) -> Iterator[Ca
         proc = subprocess.Popen([*cmd, *extra], env=subprocess_env)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc)
+        wait_healthy(f"{url}/health", timeout_s=120, process=proc)
         return url
 
     yield start
@@ -53,7 +54,7 @@ def service(subprocess_env: dict[str, str]) -> Iterator[Callable[..., str]]:
         proc = subprocess.Popen(cmd, env=subprocess_env)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc, timeout)
+        wait_healthy(f"{url}/health", timeout_s=timeout, process=proc)
         return url
 
     yield start

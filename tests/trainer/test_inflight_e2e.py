@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from hold_testlib import embedded_counters, freeze, hold_mid_generation
 from trainer_helpers import ListClient, base_args
 
 from atroposlib.api.broker import Broker
@@ -82,32 +82,6 @@ class Rollouts:
         return self.group
 
 
-def freeze(url: str) -> None:
-    """Stop generation where it is (``/pause?mode=keep``); requests sent meanwhile wait."""
-    httpx.post(f"{url}/pause", params={"mode": "keep"}).raise_for_status()
-
-
-def hold_mid_generation(url: str, sequences: int, tokens: int = 4, timeout: float = 120) -> None:
-    """Step a frozen server (:func:`freeze` before the requests are sent) until ``sequences``
-    run and have sampled ``tokens`` decode steps since, and leave it frozen with them
-    mid-generation for the trainer's push, whose own pause and resume take over. Each step
-    resumes generation for 50 ms and freezes it again; ``/health`` is read only while frozen,
-    so a slow answer on a loaded machine cannot let the replies end between two looks."""
-    deadline = time.monotonic() + timeout
-    first_step: int | None = None
-    while time.monotonic() < deadline:
-        health = httpx.get(f"{url}/health").json()
-        if health["sequences_running"] >= sequences:
-            first_step = health["decode_steps"] if first_step is None else first_step
-            if health["decode_steps"] - first_step >= tokens:
-                return
-        httpx.post(f"{url}/resume").raise_for_status()
-        time.sleep(0.05)
-        freeze(url)
-    httpx.post(f"{url}/resume")
-    raise AssertionError(f"{sequences} sequences never ran together: {health}")
-
-
 def versions_of(group: ScoredData) -> list[np.ndarray]:
     assert group.token_policy_versions is not None
     return [np.asarray(row) for row in group.token_policy_versions]
@@ -155,7 +129,7 @@ def test_keep_mode_updates_weights_under_rollouts_and_the_trainer_sees_their_ver
         if step == 1:  # the push after this step lands while the rollouts generate
             freeze(url)
             rollouts.start()
-            hold_mid_generation(url, IN_FLIGHT)
+            hold_mid_generation(url, IN_FLIGHT, embedded_counters, timeout=120)
             return [warmup.model_dump(mode="json")]
         return [rollouts.finish().model_dump(mode="json")]
 
@@ -250,7 +224,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
     sync = sync_for(cfg)
     freeze(url)
     rollouts = Rollouts(url, tokenizer, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT)
+    hold_mid_generation(url, IN_FLIGHT, embedded_counters, timeout=120)
     report = push_weights(sync, model, None, tmp_path / "unused", lambda: None, step=1)
     sync.close()
     assert report.ok, report.failed

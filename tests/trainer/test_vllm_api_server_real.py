@@ -15,7 +15,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import httpx
 import pytest
 import torch
 
+from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 from tests.vllm_testlib import vllm_environment, vllm_python
 
@@ -59,18 +59,13 @@ class Launched:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # so the engine-core child is stopped with it
             )
-        deadline = time.monotonic() + 900  # ~2 min on 2 idle cores, far more under load
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.__exit__()
-        raise TimeoutError(f"no /health within 900 s:\n{self.tail()}")
+        try:  # ~2 min on 2 idle cores, far more under load
+            wait_healthy(f"{self.url}/health", timeout_s=900, poll_s=1.0, process=self.proc,
+                         log_path=self.log, name="the vLLM api server")  # fmt: skip
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])

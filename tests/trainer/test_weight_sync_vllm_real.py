@@ -27,16 +27,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from hold_testlib import freeze, hold_mid_generation, vllm_counters
 from vllm_sync_testlib import (
     PROMPT_IDS,
     InFlight,
     checksums,
-    freeze,
     greedy,
     greedy_margins,
     hand_logprobs,
     hf_greedy,
-    hold_mid_generation,
     live_sync,
     load_model,
     next_version,
@@ -146,7 +145,7 @@ def test_keep_mode_finishes_frozen_replies_on_the_new_weights(
     sync = live_sync(url, "shm", "keep", tmp_path)
     freeze(url)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
+    hold_mid_generation(url, IN_FLIGHT, vllm_counters, rollouts.ended)
     step = next_version()
     report = push(sync, model, tmp_path / "unused", step)
     sync.close()
@@ -180,7 +179,7 @@ def test_wait_mode_lets_replies_finish_before_the_update(
     sync = live_sync(url, "shm", "wait", tmp_path)
     freeze(url)
     rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT, rollouts.ended)
+    hold_mid_generation(url, IN_FLIGHT, vllm_counters, rollouts.ended)
     httpx.post(f"{url}/resume").raise_for_status()  # running again when the push pauses
     step = next_version()
     report = push(sync, perturb(load_model(model_path()), seed=4), tmp_path / "unused", step)
@@ -234,7 +233,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
         thread = threading.Thread(target=run, daemon=True)
         freeze(url)
         thread.start()
-        hold_mid_generation(url, IN_FLIGHT, ended)
+        hold_mid_generation(url, IN_FLIGHT, vllm_counters, ended)
         sync = live_sync(url, "shm", "abort", tmp_path)
         report = push(sync, perturb(load_model(model_path()), seed=5), tmp_path / "x", 1000)
         sync.close()
@@ -325,10 +324,11 @@ def test_the_trainer_stops_with_one_line_when_vllm_refuses_its_weights(
                                "--port", str(port)], env=subprocess_env)  # fmt: skip
     try:
         from test_trainer_e2e import post_batches
-        from trainer_helpers import wait_healthy
+
+        from atroposlib.utils.health import wait_healthy
 
         broker_url = f"http://127.0.0.1:{port}"
-        wait_healthy(broker_url, broker)
+        wait_healthy(f"{broker_url}/health", timeout_s=120, process=broker)
         post_batches(broker_url, 1)
         command = [
             sys.executable, "-m", "example_trainer.train", "--model", str(smaller),
@@ -394,8 +394,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     import subprocess
     import sys
 
-    from trainer_helpers import wait_healthy
-
+    from atroposlib.utils.health import wait_healthy
     from tests.fakes import free_port
 
     repo = Path(__file__).resolve().parents[2]
@@ -408,7 +407,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     procs = [subprocess.Popen([sys.executable, "-m", "atroposlib.api", "--store", "memory",
                                "--port", str(port)], env=subprocess_env)]  # fmt: skip
     try:
-        wait_healthy(broker_url, procs[0])
+        wait_healthy(f"{broker_url}/health", timeout_s=120, process=procs[0])
         procs.append(subprocess.Popen(
             [sys.executable, str(repo / "environments/reasoning_gym/env.py"), "serve",
              "--config", str(repo / "configs/local-cpu-env.yaml"),

@@ -173,11 +173,3 @@ def base_args(model: Path, save_dir: Path, *extra: str) -> list[str]:
         "--batch-size", "8", "--max-token-len", "64", "--micro-batch-tokens", "96",
         *extra,
     ]  # fmt: skip
-
-
-def wait_healthy(
-    url: str, proc: Any, timeout: float = 120.0, headers: dict[str, str] | None = None
-) -> None:
-    from benchmarks.serving import wait_until_healthy
-
-    wait_until_healthy(url, proc, timeout, headers=headers)

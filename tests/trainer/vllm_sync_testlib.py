@@ -6,11 +6,8 @@ version sampled each token)."""
 from __future__ import annotations
 
 import itertools
-import re
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,70 +176,6 @@ class InFlight:
             assert reply is not None, "a reply did not finish"
             out.append(reply)
         return out
-
-
-def _metric(text: str, name: str) -> float:
-    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
-    return sum(float(v) for v in values)
-
-
-def freeze(url: str) -> None:
-    """Stop generation where it is (``/pause?mode=keep``); requests sent meanwhile wait."""
-    httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
-
-
-def hold_mid_generation(
-    url: str,
-    running: int,
-    ended: Callable[[], str | None] = lambda: None,
-    tokens: int = 4,
-    timeout: float = 300,
-    step_s: float = 0.05,
-) -> None:
-    """Step a frozen server until ``running`` requests run and have each sampled about
-    ``tokens`` more, and leave it frozen (``/pause?mode=keep``) with them mid-generation; the
-    push's own pause and resume take over from there.
-
-    Call :func:`freeze` before sending the requests. Each step resumes generation for
-    ``step_s`` and freezes it again, and the metrics are read only while frozen, so a slow
-    answer from ``/metrics`` on a loaded machine cannot let the replies run to their end
-    between two looks (it did once in CI, when this polled a running server: its first
-    ``/metrics`` answer came after all six replies had ended).
-
-    ``ended`` says what ended if a request already has (finished or failed): then it is too
-    late to hold them all, and the error says why at once instead of waiting ``timeout``."""
-    try:
-        _step_until_running(url, running, ended, tokens, timeout, step_s)
-    except BaseException:
-        httpx.post(f"{url}/resume", timeout=60)  # not frozen for the tests after this one
-        raise
-
-
-def _step_until_running(
-    url: str,
-    running: int,
-    ended: Callable[[], str | None],
-    tokens: int,
-    timeout: float,
-    step_s: float,
-) -> None:
-    deadline = time.monotonic() + timeout
-    first: float | None = None
-    seen = ""
-    while time.monotonic() < deadline:
-        if (what := ended()) is not None:
-            raise AssertionError(f"{running} requests could not be held mid-generation: {what}")
-        seen = httpx.get(f"{url}/metrics", timeout=30).text
-        if _metric(seen, "vllm:num_requests_running") >= running:
-            generated = _metric(seen, "vllm:generation_tokens_total")
-            first = generated if first is None else first
-            if generated - first >= running * tokens:
-                return
-        httpx.post(f"{url}/resume", timeout=60).raise_for_status()
-        time.sleep(step_s)
-        freeze(url)
-    running_now = _metric(seen, "vllm:num_requests_running")
-    raise AssertionError(f"{running} requests never ran together (last seen: {running_now})")
 
 
 def served_logprobs(url: str, model: str, prompt: list[int], reply: list[int]) -> np.ndarray:

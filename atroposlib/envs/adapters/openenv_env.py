@@ -30,7 +30,7 @@ import httpx
 from pydantic import Field
 
 from atroposlib.envs.adapters import local_defaults, stop
-from atroposlib.envs.adapters.openenv_server import LocalServer, hold, wait_healthy
+from atroposlib.envs.adapters.openenv_server import LocalServer, hold
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.trajectory import Trajectory
@@ -43,6 +43,7 @@ from atroposlib.errors import (
 from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item, Message
 from atroposlib.utils.bounded_json import loads_model_output
+from atroposlib.utils.health import NotHealthyError, wait_healthy_async
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,11 @@ class OpenEnvEnv(BaseEnv):
             self.url = local.url
         else:
             self.url = str(config.openenv_url).rstrip("/")
-            await wait_healthy(self.url, config.openenv_startup_timeout, None)
+            try:
+                await wait_healthy_async(f"{self.url}/health", name="the OpenEnv server",
+                                         timeout_s=config.openenv_startup_timeout)  # fmt: skip
+            except NotHealthyError as exc:
+                raise ConfigError(f"{exc}; check --env.openenv_url") from exc
         await self._check_action_field()
         self.sampler = self.token_sampler(max_token_length=config.max_token_length)
         self.greedy_sampler = self.token_sampler(

@@ -1,4 +1,4 @@
-"""An OpenEnv server this process starts from a local command, and its health wait."""
+"""An OpenEnv server this process starts from a local command."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
 from atroposlib.errors import ConfigError
+from atroposlib.utils.health import NotHealthyError, wait_healthy_async
 
 logger = logging.getLogger(__name__)
 
@@ -35,21 +33,6 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-async def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen[bytes] | None) -> None:
-    """Poll ``GET {url}/health`` until it answers 200; ConfigError on timeout or early exit."""
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=2.0) as http:
-        while True:
-            if process is not None and process.poll() is not None:
-                raise ConfigError(f"the OpenEnv server command exited with {process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await http.get(f"{url.rstrip('/')}/health")).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise ConfigError(f"the OpenEnv server at {url} is not healthy after {timeout_s}s")
-            await asyncio.sleep(0.2)
 
 
 class LocalServer:
@@ -78,11 +61,12 @@ class LocalServer:
         logger.info("started OpenEnv server %s (pid %d), log %s", self.argv, self.process.pid,
                     self.log_path)  # fmt: skip
         try:
-            await wait_healthy(self.url, timeout_s, self.process)
-        except ConfigError as exc:
+            await wait_healthy_async(f"{self.url}/health", timeout_s=timeout_s,
+                                     process=self.process, log_path=self.log_path,
+                                     name="the OpenEnv server command")  # fmt: skip
+        except NotHealthyError as exc:
             self.stop()
-            tail = self.log_path.read_text(errors="replace")[-1500:]
-            raise ConfigError(f"{exc}; its log ends:\n{tail}") from exc
+            raise ConfigError(str(exc)) from exc
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
