@@ -1,4 +1,4 @@
-"""An OpenAI-compatible proxy over managed servers: RL on any agent harness.
+"""The managed-server proxy's app: ``create_app`` builds it, its routes and error answers.
 
 An agent (any ``openai`` client, multi-turn, with tools) talks to a session's endpoint,
 ``{proxy}/{id}/v1/chat/completions``; every reply is sampled token-in/token-out and recorded
@@ -15,14 +15,12 @@ environment reads with ``GET /{id}/nodes`` to score and train on. Routes (Atropo
     GET    /health, /v1/models, /servers
 
 Who may call which (the proxy's key, the admin key, each session's own token) is
-:mod:`~atroposlib.envs.server_handling.proxy_access`, checked before a body is read.
-
-    python -m atroposlib.envs.server_handling.managed_server_proxy --config servers.json
+:mod:`~atroposlib.proxy.access`, checked before a body is read. The command that serves it
+is :mod:`~atroposlib.proxy.cli` (``python -m atroposlib.proxy --config servers.json``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import secrets
@@ -30,24 +28,18 @@ import time
 import uuid as uuid_lib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.proxy_access import ProxyAccess, new_session_token
-from atroposlib.envs.server_handling.proxy_cli import (
-    access_fields,
-    add_access_flags,
-    load_servers_file,
-)
-from atroposlib.envs.server_handling.proxy_protocol import (
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
+from atroposlib.inference.limits import BodySizeLimit
+from atroposlib.proxy.access import ProxyAccess, new_session_token
+from atroposlib.proxy.protocol import (
     ChatCompletionProxyRequest,
-    ChatMessage,
     DeletedResponse,
     ModelEntry,
     ModelListResponse,
@@ -64,39 +56,16 @@ from atroposlib.envs.server_handling.proxy_protocol import (
     SessionInfo,
     SessionList,
 )
-from atroposlib.envs.server_handling.proxy_session import (
+from atroposlib.proxy.session import (
     ProxySession,
     SessionRecorder,
-    SessionState,
     TemplateRenderError,
 )
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.envs.server_handling.session_table import ServerChoiceError, SessionTable
-from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
-from atroposlib.errors import ConfigError, InferenceError, InferenceRejectedError
-from atroposlib.inference.limits import BodySizeLimit
+from atroposlib.proxy.session_table import ServerChoiceError, SessionTable
 from atroposlib.security import AccessSettings, mount_guard, warn_if_open
 from atroposlib.security.gate import mount_key_first, schema_routes
 
-__all__ = [
-    "APIServerConfig",
-    "ChatCompletionProxyRequest",
-    "ChatMessage",
-    "DummyManagedServer",
-    "ManagedServer",
-    "OpenAIServer",
-    "ProxySettings",
-    "RenderResponse",
-    "ServerManager",
-    "SessionCreateRequest",
-    "SessionCreateResponse",
-    "SessionState",
-    "ToolCallTranslator",
-    "create_app",
-    "main",
-    "openai_error",
-]
+__all__ = ["ProxySettings", "create_app", "openai_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +181,7 @@ def _add_service_routes(app: FastAPI, table: SessionTable, model_name: str) -> N
 
 
 def _add_listing_route(app: FastAPI, table: SessionTable) -> None:
-    """``GET /sessions``: every client's sessions, for the admin key (:mod:`proxy_access`)."""
+    """``GET /sessions``: every client's sessions, for the admin key (:mod:`.access`)."""
 
     @app.get("/sessions")
     async def list_sessions() -> SessionList:
@@ -413,48 +382,3 @@ def _field_path(loc: Any) -> str:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("proxy: %s %s failed", request.method, request.url.path, exc_info=exc)
     return openai_error(500, f"the proxy failed: {type(exc).__name__}: {exc}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """The proxy as a command: ``--config servers.json`` (its format: :mod:`proxy_cli`)."""
-    parser = argparse.ArgumentParser(description="OpenAI-compatible managed-server proxy")
-    parser.add_argument("--config", type=Path, required=True, help="servers.json (see module)")
-    parser.add_argument("--port", type=int, default=9100)
-    add_access_flags(parser)
-    defaults = ProxySettings()
-    for flag in ("max_sessions", "max_sessions_per_client", "max_session_bytes"):
-        help_text = ProxySettings.model_fields[flag].description
-        parser.add_argument("--" + flag.replace("_", "-"), type=int,
-                            default=getattr(defaults, flag), help=help_text)  # fmt: skip
-    args = parser.parse_args(argv)
-    try:
-        settings = ProxySettings(
-            max_sessions=args.max_sessions,
-            max_sessions_per_client=args.max_sessions_per_client,
-            max_session_bytes=args.max_session_bytes,
-            **access_fields(args),
-        )
-    except ValidationError as exc:
-        parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-
-    import uvicorn
-    from transformers import AutoTokenizer
-
-    servers = load_servers_file(args.config)
-    configs = servers.server_configs()
-    tokenizer = AutoTokenizer.from_pretrained(servers.tokenizer_name or servers.model_name)
-    app = create_app(
-        server_manager=ServerManager(configs),
-        tokenizer=tokenizer,
-        model_name=servers.model_name,
-        settings=settings,
-    )
-    for config in configs:
-        logger.info("backend %s (%s)", config.base_url, config.server_type)
-    logger.info("proxy for %s on http://%s:%d", servers.model_name, settings.host, args.port)
-    uvicorn.run(app, host=settings.host, port=args.port, log_level="info", proxy_headers=False)
-
-
-if __name__ == "__main__":
-    main()

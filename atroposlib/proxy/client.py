@@ -24,16 +24,16 @@ from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
 from atroposlib.envs.server_handling.managed import SequenceNode
-from atroposlib.envs.server_handling.proxy_protocol import (
+from atroposlib.envs.trajectory import Trajectory, finish_reason
+from atroposlib.errors import InferenceError, InferenceRejectedError
+from atroposlib.group import NOT_SAMPLED_VERSION
+from atroposlib.protocol import MASK_IGNORE_INDEX
+from atroposlib.proxy.protocol import (
     NodesResponse,
     ProxyChatCompletion,
     SessionCreateRequest,
     SessionCreateResponse,
 )
-from atroposlib.envs.trajectory import Trajectory, finish_reason
-from atroposlib.errors import InferenceError, InferenceRejectedError
-from atroposlib.group import NOT_SAMPLED_VERSION
-from atroposlib.protocol import MASK_IGNORE_INDEX
 from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)
