@@ -25,12 +25,11 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.hermes import tool_calls_as_text
 from atroposlib.envs.reward_fns.answers import extract_answer_tag, normalize_number
 from atroposlib.envs.rollouts import trajectory_group
-from atroposlib.envs.server_handling.local_proxy import LocalProxy, serve_proxy
-from atroposlib.envs.server_handling.proxy_client import node_trajectory
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.trajectory import Trajectory
 from atroposlib.errors import ModelOutputError
 from atroposlib.group import ScoredData
+from atroposlib.proxy import LocalProxy, node_trajectory, serve_proxy
 from atroposlib.type_definitions import Item
 from atroposlib.utils.bounded_json import loads_model_output
 

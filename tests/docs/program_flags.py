@@ -147,7 +147,7 @@ def programs() -> dict[str, Callable[[], object]]:
         "jsonl2html": _main("atroposlib.cli.jsonl2html", "main", []),
         "atropos-sandbox-check": _main("atroposlib.cli.sandbox_check", "main", []),
         "python -m atroposlib.cli.slurm_plan": _main("atroposlib.cli.slurm_plan", "main", []),
-        "the agent proxy": _module("atroposlib.envs.server_handling.managed_server_proxy"),
+        "the agent proxy": _module("atroposlib.proxy"),
         "example_trainer/vllm_api_server.py": _script(REPO / "example_trainer/vllm_api_server.py"),
         "an EvalBase's runner": _eval_runner,
     }

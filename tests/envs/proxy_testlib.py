@@ -9,13 +9,13 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from atroposlib.envs.server_handling.managed_server_proxy import ProxySettings, create_app
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
     GeneratedSequence,
 )
 from atroposlib.errors import InferenceError
+from atroposlib.proxy.app import ProxySettings, create_app
 
 Reply = str | Callable[[list[int]], str]
 

@@ -15,11 +15,11 @@ from proxy_testlib import CALCULATOR, Manager, ScriptedEngine, asgi_client, call
 from transformers import AutoTokenizer
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.proxy_client import (
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.proxy.client import (
     ProxyRejectedError,
     create_proxy_session,
 )
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 USER = {"role": "user", "content": "What is 6 times 7? Use the calculator."}
 
@@ -292,8 +292,8 @@ async def test_the_proxy_client_drives_a_session_and_collects_its_nodes(tokenize
 
 
 def test_idle_sessions_are_closed_when_a_new_one_opens(tokenizer: Any) -> None:
-    from atroposlib.envs.server_handling.proxy_session import ProxySession, SessionRecorder
-    from atroposlib.envs.server_handling.session_table import SessionTable
+    from atroposlib.proxy.session import ProxySession, SessionRecorder
+    from atroposlib.proxy.session_table import SessionTable
 
     now = [1000.0]
     table = SessionTable(Manager(), max_sessions=2, idle_timeout_s=60, clock=lambda: now[0])
@@ -325,8 +325,8 @@ async def test_a_model_tool_call_with_broken_json_comes_back_as_text(tokenizer: 
 
 
 def test_the_servers_file_names_the_bad_entry(tmp_path: Path) -> None:
-    from atroposlib.envs.server_handling.proxy_cli import load_servers_file
     from atroposlib.errors import ConfigError
+    from atroposlib.proxy.cli import load_servers_file
 
     path = tmp_path / "servers.json"
     path.write_text(json.dumps({"model_name": "m", "servers": [

@@ -17,7 +17,7 @@ import pytest
 from proxy_testlib import Manager, ScriptedEngine, proxy_app
 from transformers import AutoTokenizer
 
-from atroposlib.envs.server_handling.local_proxy import serve_proxy
+from atroposlib.proxy.local import serve_proxy
 from tests.fakes import uvicorn_on_loopback
 from tests.raw_http import unfinished_post
 

@@ -32,7 +32,7 @@ def proxy(smol: RunningServer, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "proxy.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy",
+        [sys.executable, "-m", "atroposlib.proxy",
          "--config", str(config), "--port", str(port)],
         env=child_env(), stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

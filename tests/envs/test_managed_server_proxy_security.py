@@ -15,7 +15,7 @@ from proxy_testlib import Manager, ScriptedEngine, asgi_client, proxy_app
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
-from atroposlib.envs.server_handling.managed_server_proxy import ProxySettings, create_app
+from atroposlib.proxy.app import ProxySettings, create_app
 
 USER = {"messages": [{"role": "user", "content": "Hi"}]}
 KEY, ADMIN = {"authorization": "Bearer run-key"}, {"authorization": "Bearer admin-key"}
@@ -156,7 +156,7 @@ async def test_idle_sessions_are_swept_on_a_timer(tokenizer: Any) -> None:
 
 
 def test_session_ids_are_random_uuids(tokenizer: Any) -> None:
-    from atroposlib.envs.server_handling.managed_server_proxy import _new_session_id
+    from atroposlib.proxy.app import _new_session_id
 
     ids = {_new_session_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(len(i) == 36 and i[14] == "4" for i in ids)

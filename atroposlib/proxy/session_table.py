@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from atroposlib.envs.server_handling.proxy_session import ProxySession
+from atroposlib.proxy.session import ProxySession
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 
-from atroposlib.envs.server_handling.session_table import SessionTable
+from atroposlib.proxy.session_table import SessionTable
 from atroposlib.security.gate import SCHEMA_PATHS, Refusal, unauthorized
 from atroposlib.security.keys import (
     ADMIN_DETAIL,

@@ -1,5 +1,6 @@
-"""The managed-server proxy served on a loopback port inside the running event loop, so an
-environment can hand its agents a real OpenAI endpoint over its own inference servers.
+"""A proxy an environment serves itself, on a loopback port inside its running event loop.
+
+With it an environment hands its agents a real OpenAI endpoint over its own inference servers.
 
     async with serve_proxy(self.server, self.tokenizer) as proxy:
         session = await proxy.open_session()   # session.get_url(), session.api_key: the agent's
@@ -20,8 +21,8 @@ from typing import Any
 
 import uvicorn
 
-from atroposlib.envs.server_handling.managed_server_proxy import ProxySettings, create_app
-from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer, create_proxy_session
+from atroposlib.proxy.app import ProxySettings, create_app
+from atroposlib.proxy.client import ProxyManagedServer, create_proxy_session
 from atroposlib.security.keys import new_key
 
 logger = logging.getLogger(__name__)

@@ -22,15 +22,15 @@ from pydantic import BaseModel
 from atroposlib.envs.hermes import tool_calls_as_text, tools_prompt
 from atroposlib.envs.server_handling.managed import SequenceNode
 from atroposlib.envs.server_handling.managed_server import ManagedServer
-from atroposlib.envs.server_handling.proxy_protocol import (
+from atroposlib.envs.server_handling.server_baseline import APIServer, TokenAnswer
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.errors import InferenceError, InferenceRejectedError
+from atroposlib.proxy.protocol import (
     AssistantMessage,
     ChatCompletionProxyRequest,
     ProxyChoice,
     ToolCall,
 )
-from atroposlib.envs.server_handling.server_baseline import APIServer, TokenAnswer
-from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
-from atroposlib.errors import InferenceError, InferenceRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class ProxySession:
     """Who created it (the connection's peer address, never a forwarded header): per-client
     caps count by it."""
     token: str = field(default="", repr=False)
-    """The session's own key (:mod:`proxy_access`); empty: no token opens it."""
+    """The session's own key (:mod:`.access`); empty: no token opens it."""
     created_at: float = field(default_factory=time.time)
     last_accessed: float = field(default_factory=time.time)
     memory: ReplyMemory = field(default_factory=ReplyMemory)

@@ -1,5 +1,6 @@
-"""The servers file of ``python -m atroposlib.envs.server_handling.managed_server_proxy
---config servers.json`` (Atropos's format)::
+"""The proxy as a command: ``python -m atroposlib.proxy --config servers.json [--port 9100]``.
+
+The servers file is Atropos's format::
 
     {"model_name": "Qwen/Qwen3-4B", "tokenizer_name": null,
      "servers": [{"base_url": "http://gpu1:9001/v1", "server_type": "embedded"}]}
@@ -7,7 +8,7 @@
 Each server entry takes ``APIServerConfig``'s fields; the model name is shared. The proxy's key
 comes from ``ATROPOS_API_KEY`` (or ``--api-key``; the variable keeps it out of ``ps``), its admin
 key (``GET /sessions`` of every client) from ``ATROPOS_ADMIN_API_KEY``; each session's routes
-take the session's own token (:mod:`~atroposlib.envs.server_handling.proxy_access`).
+take the session's own token (:mod:`~atroposlib.proxy.access`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.errors import ConfigError
+from atroposlib.proxy.app import ProxySettings, create_app
 
 logger = logging.getLogger(__name__)
 
@@ -86,3 +89,46 @@ def access_fields(args: argparse.Namespace) -> dict[str, Any]:
         "insecure_no_key": args.insecure_no_key, "allowed_hosts": args.allowed_hosts,
         "expose_api_docs": args.expose_api_docs,
     }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the proxy over the servers of ``--config`` (its format: the module docstring)."""
+    parser = argparse.ArgumentParser(description="OpenAI-compatible managed-server proxy")
+    parser.add_argument(
+        "--config", type=Path, required=True, help="servers file (JSON: model_name, servers)"
+    )
+    parser.add_argument("--port", type=int, default=9100)
+    add_access_flags(parser)
+    defaults = ProxySettings()
+    for flag in ("max_sessions", "max_sessions_per_client", "max_session_bytes"):
+        help_text = ProxySettings.model_fields[flag].description
+        parser.add_argument("--" + flag.replace("_", "-"), type=int,
+                            default=getattr(defaults, flag), help=help_text)  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        settings = ProxySettings(
+            max_sessions=args.max_sessions,
+            max_sessions_per_client=args.max_sessions_per_client,
+            max_session_bytes=args.max_session_bytes,
+            **access_fields(args),
+        )
+    except ValidationError as exc:
+        parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    servers = load_servers_file(args.config)
+    configs = servers.server_configs()
+    tokenizer = AutoTokenizer.from_pretrained(servers.tokenizer_name or servers.model_name)
+    app = create_app(
+        server_manager=ServerManager(configs),
+        tokenizer=tokenizer,
+        model_name=servers.model_name,
+        settings=settings,
+    )
+    for config in configs:
+        logger.info("backend %s (%s)", config.base_url, config.server_type)
+    logger.info("proxy for %s on http://%s:%d", servers.model_name, settings.host, args.port)
+    uvicorn.run(app, host=settings.host, port=args.port, log_level="info", proxy_headers=False)
