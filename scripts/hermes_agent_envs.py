@@ -392,10 +392,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="one more argument for both envs' `process`, e.g. "
                         "--env-arg=--env.agent_temperature=0 (repeat it)")  # fmt: skip
     args = parser.parse_args(argv)
+    if not (args.hermes / "environments").is_dir():
+        parser.error(f"--hermes {args.hermes}: no environments/ folder (a checkout is needed, "
+                     "not a bare git directory: git clone it first)")  # fmt: skip
     if args.model is None:
         from atroposlib.utils.test_model import ensure_test_model
 
         args.model = Path(ensure_test_model())
+    # the envs run in the scratch folder: every path handed to them must be absolute
+    args.hermes, args.work, args.model = (p.resolve() for p in (args.hermes, args.work, args.model))
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer_folder(args.model, args.work)
     with serving(args.engine, args.model, args.work, child_env(args.hermes, args.work)) as served:
