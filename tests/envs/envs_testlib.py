@@ -43,8 +43,11 @@ def child_env(**extra: str) -> dict[str, str]:
 class Process:
     """A child process with a port; ``stop()`` ends it (and only it)."""
 
-    def __init__(self, args: list[str], port: int, health: str, log: Path, **env: str) -> None:
+    def __init__(
+        self, args: list[str], port: int, health: str, log: Path, key: str | None = None, **env: str
+    ) -> None:
         self.args, self.port, self.health, self.log, self.env = args, port, health, log, env
+        self.headers = {"Authorization": f"Bearer {key}"} if key else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,7 +60,7 @@ class Process:
             self.args, stdout=handle, stderr=subprocess.STDOUT, env=child_env(**self.env)
         )
         wait_healthy(self.url + self.health, timeout_s=30, poll_s=0.1, process=self.proc,
-                     log_path=self.log)  # fmt: skip
+                     log_path=self.log, headers=self.headers)  # fmt: skip
         return self
 
     def stop(self) -> None:
@@ -71,7 +74,8 @@ def broker_process(
 ) -> Process:
     port = port or free_port()
     args = [sys.executable, "-m", "atroposlib.api", "--port", str(port), "--store", store, *extra]
-    return Process(args, port, "/health", tmp / "broker.log")
+    key = extra[extra.index("--api-key") + 1] if "--api-key" in extra else None
+    return Process(args, port, "/health", tmp / "broker.log", key)
 
 
 def fake_inference(tmp: Path) -> Process:
