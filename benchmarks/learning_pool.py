@@ -4,8 +4,12 @@ Each run folder holds one subfolder per task with its ``summary.json`` and per-p
 (``eval/<label>.jsonl``). Per task and seed: each system's held-out strict accuracy before and
 after, its gain with a 95 % bootstrap interval over problems, ours - TRL (the per-problem
 difference of the two gains), and the minutes ours took to reach TRL's final strict accuracy
-(the first snapshot at or above it). Pooled over seeds: the same differences over every
-(seed, problem) pair, resampled within each seed. ``--docs`` writes the table between the
+(the first snapshot at or above it). Pooled over seeds, three intervals of the mean difference:
+the hierarchical bootstrap (seeds resampled, then problems within each resampled seed: the
+headline, since seeds differ more than their problems' noise says), a t-interval over the
+per-seed differences, and the old one resampling problems within each seed only (too narrow
+when seeds disagree). Where a cell also ran TRL at its defaults beside TRL at the sweep's
+choice, a second pooled line compares ours with it. ``--docs`` writes the table between the
 grid-table markers of README.md and docs/results.md.
 
     python benchmarks/learning_pool.py           # the committed grid, and what it still lacks
@@ -29,11 +33,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
+from benchmarks.learning_settings import DEFAULTS
+from benchmarks.learning_systems import GRID_SEEDS, TASKS
 
 SYSTEMS = ("ours", "trl")
 REPO = Path(__file__).resolve().parents[1]
 GRID = REPO / "docs" / "learning-vs-trl" / "grid"
-GRID_TASKS = ("sums", "three_sums")  # benchmarks.learning_systems.TASKS
+OLD_GRID = (("sums", "three_sums"), (0, 1, 2))
+"""Issue 35's grid (seeds as data seeds; TRL at its defaults), committed under GRID."""
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+"""Student's t, 97.5 % quantile, for 1-30 degrees of freedom (beyond: 1.96)."""
 
 
 def grades_of(run_dir: Path, label: str, grade: str = "strict") -> list[bool]:
@@ -66,6 +77,48 @@ def stratified_bootstrap(groups: list[list[float]], resamples: int = 10_000) -> 
     return Interval(estimate, float(low), float(high), 0.95)
 
 
+def hierarchical_bootstrap(
+    groups: list[list[float]], resamples: int = 10_000, seed: int = 0
+) -> Interval:
+    """Mean of the groups' (seeds') means with a 95 % interval: each resample draws as many
+    seeds as there are, with replacement, then each drawn seed's values with replacement, so
+    the interval holds the seed-to-seed spread as well as each seed's problem noise."""
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups]  # each (N_seed,)
+    count = len(arrays)
+    picked = rng.integers(0, count, size=(resamples, count))  # (R, K): seeds drawn
+    means = np.zeros(resamples)
+    for position in range(count):
+        for index, values in enumerate(arrays):
+            rows = np.flatnonzero(picked[:, position] == index)
+            draws = rng.integers(0, len(values), size=(len(rows), len(values)))
+            means[rows] += values[draws].mean(axis=1)
+    means /= count
+    low, high = np.quantile(means, [0.025, 0.975])
+    estimate = float(np.mean([a.mean() for a in arrays]))
+    return Interval(estimate, float(low), float(high), 0.95)
+
+
+def t_interval(values: list[float]) -> Interval:
+    """Mean of per-seed values with a 95 % Student t interval (at least two seeds)."""
+    if len(values) < 2:
+        raise ValueError("a t-interval over seeds needs at least two seeds")
+    array = np.asarray(values, dtype=np.float64)
+    mean, spread = float(array.mean()), float(array.std(ddof=1))
+    quantile = T_975[len(array) - 2] if len(array) - 1 <= len(T_975) else 1.96
+    half = quantile * spread / np.sqrt(len(array))
+    return Interval(mean, mean - half, mean + half, 0.95)
+
+
+def defaults_system(summary: dict[str, Any]) -> str | None:
+    """The system of a cell that ran TRL at its documented defaults (None: none did)."""
+    systems = summary["systems"]
+    if "trl_defaults" in systems:
+        return "trl_defaults"
+    default = DEFAULTS["trl"].key
+    return "trl" if systems["trl"].get("setting", default) == default else None
+
+
 def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
     """The figures of one task and seed (both systems must have run)."""
     run_dir = Path(summary["run_dir"])
@@ -73,6 +126,10 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
     finals = {s: summary["systems"][s]["curve"][-1] for s in SYSTEMS}
     after = {s: grades_of(run_dir, finals[s]["label"]) for s in SYSTEMS}
     trl_final = finals["trl"]["strict"]
+    defaults = defaults_system(summary)
+    defaults_after = None
+    if defaults is not None:
+        defaults_after = grades_of(run_dir, summary["systems"][defaults]["curve"][-1]["label"])
     return {
         "task": summary["task"],
         "seed": summary["seed"],
@@ -81,6 +138,10 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
         "gain": {s: bootstrap_mean(gains(base, after[s])) for s in SYSTEMS},
         "steps": {s: summary["systems"][s]["training"]["steps"] for s in SYSTEMS},
         "difference": gain_difference(base, after["ours"], after["trl"]),
+        "difference_defaults": (
+            None if defaults_after is None else gain_difference(base, after["ours"], defaults_after)
+        ),
+        "settings": {s: summary["systems"][s].get("setting", DEFAULTS[s].key) for s in SYSTEMS},
         "minutes_to_trl": minutes_to_reach(summary["systems"]["ours"]["curve"], trl_final),
         "trl_minutes": float(finals["trl"]["minutes"]),
         "ours_best": max(p["strict"] for p in summary["systems"]["ours"]["curve"]),
@@ -125,15 +186,28 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
         if len(task_rows) < 2:
             lines.append(f"{task}, seed {task_rows[0]['seed']} only: nothing to pool yet")
         else:
-            pooled = stratified_bootstrap([r["difference"] for r in task_rows])
-            worst = min(bootstrap_mean(r["difference"]).estimate for r in task_rows)
-            lines.append(
-                f"{task}, pooled over seeds {sorted(r['seed'] for r in task_rows)}: ours - TRL "
-                f"strict gain {_points(pooled)} points (resampled within each seed); lowest "
-                f"seed {100 * worst:+.1f}"
-            )
+            lines.append(pooled_line(task, task_rows, "difference", "TRL"))
+            if all(r["difference_defaults"] is not None for r in task_rows):
+                lines.append(pooled_line(task, task_rows, "difference_defaults",
+                                         "TRL at its defaults"))  # fmt: skip
         lines += [f"  {line}" for line in target_lines(task_rows)]
     return "\n".join(lines)
+
+
+def pooled_line(task: str, rows: list[dict[str, Any]], key: str, against: str) -> str:
+    """Ours - ``against`` over the task's seeds: the three intervals, the lowest seed."""
+    per_seed = [r[key] for r in rows]
+    hierarchical = hierarchical_bootstrap(per_seed)
+    over_seeds = t_interval([float(np.mean(d)) for d in per_seed])
+    within = stratified_bootstrap(per_seed)
+    worst = min(bootstrap_mean(d).estimate for d in per_seed)
+    return (
+        f"{task}, pooled over seeds {sorted(r['seed'] for r in rows)}: ours - {against} "
+        f"strict gain {_points(hierarchical)} points (seeds, then problems resampled); "
+        f"t over seeds [{100 * over_seeds.low:+.1f}, {100 * over_seeds.high:+.1f}]; within "
+        f"seeds only [{100 * within.low:+.1f}, {100 * within.high:+.1f}]; lowest seed "
+        f"{100 * worst:+.1f}"
+    )
 
 
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -159,20 +233,27 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
         f"ours reaches TRL's final in half TRL's time: {verdict(in_half)} ({', '.join(reached)})",
     ]
     if len(rows) >= 2:
-        pooled = stratified_bootstrap([r["difference"] for r in rows])
+        pooled = hierarchical_bootstrap([r["difference"] for r in rows])
         met = pooled.estimate >= 0.10 and pooled.low > 0
         out.insert(1, f"pooled ours - TRL >= +10, interval above 0: {verdict(met)} "
                       f"({_points(pooled)})")  # fmt: skip
     return out
 
 
-GRID_SEEDS = (0, 1, 2)
-
-
-def missing_cells(summaries: list[dict[str, Any]], tasks: list[str]) -> list[str]:
+def missing_cells(
+    summaries: list[dict[str, Any]], tasks: list[str], seeds: tuple[int, ...] = GRID_SEEDS
+) -> list[str]:
     """The grid's task x seed cells with no finished run of both systems."""
     done = {(s["task"], s["seed"]) for s in summaries if set(SYSTEMS) <= set(s["systems"])}
-    return [f"{t}-seed{seed}" for t in tasks for seed in GRID_SEEDS if (t, seed) not in done]
+    return [f"{t}-seed{seed}" for t in tasks for seed in seeds if (t, seed) not in done]
+
+
+def expected_cells(summaries: list[dict[str, Any]]) -> tuple[list[str], tuple[int, ...]]:
+    """Issue 46's grid (every task, GRID_SEEDS) for cells with independent seeds (their
+    summaries name them), else issue 35's."""
+    if summaries and all("seeds" in s for s in summaries):
+        return list(TASKS), GRID_SEEDS
+    return list(OLD_GRID[0]), OLD_GRID[1]
 
 
 def plot_curves(summaries: list[dict[str, Any]], path: Path) -> None:
@@ -242,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "min per system")  # fmt: skip
     if len(budgets) > 1:
         table += f"\n\nnot one budget: runs of {budgets} minutes are pooled together"
-    missing = missing_cells(summaries, list(GRID_TASKS))
+    missing = missing_cells(summaries, *expected_cells(summaries))
     table += "\n\n" + (f"missing from the grid: {', '.join(missing)}" if missing
                         else "the grid is complete")  # fmt: skip
     print(table)

@@ -2,7 +2,10 @@
 
 ``Task`` is the demo's environment (``environments/reasoning_gym/env.py`` with
 ``configs/local-cpu-env.yaml``): the same training pool, held-out problems, chat prompt and
-reward function for both systems. ``served_greedy_answers`` is the one evaluator every model
+reward function for both systems. Each run seed draws its own training stream, validation set
+and test set (``StreamSeeds``: reasoning-gym seeds far apart, from a hash of the run seed and
+the purpose), so seeds are independent draws rather than one stream shifted by a few items.
+``served_greedy_answers`` is the one evaluator every model
 folder (the base model, each system's snapshots) goes through, so both are graded identically:
 atropos-local's own held-out evaluation (``env.py evaluate`` against the embedded server, the
 fast decode path). ``greedy_replies`` (transformers' ``generate``) is the slow reference a test
@@ -16,6 +19,7 @@ its own process.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -31,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from atroposlib.envs.heldout import check_disjoint
 from atroposlib.envs.reward_fns.graded import Graded, grade_answer
 from benchmarks.serving import served_evaluation
 
@@ -42,8 +47,17 @@ ONE_BATCH_MAX = 256
 TASKS = {
     "sums": ENV_CONFIG,
     "three_sums": REPO / "configs" / "local-cpu-three-sums-env.yaml",
+    "legs": REPO / "configs" / "local-cpu-legs-env.yaml",
 }
-"""The benchmark's tasks by name: the demo's (two numbers 0-100) and a harder one."""
+"""The benchmark's tasks by name: the demo's (two numbers 0-100), a harder sum, and one that is
+not a sum (reasoning-gym leg_counting)."""
+SWEEP_SEED = 0
+"""The run seed the sweep tunes on (its training stream and validation set only)."""
+GRID_SEEDS = (1, 2, 3)
+"""The grid's run seeds (issue 46): each its own training stream and test set."""
+SPLITS = ("validation", "test")
+"""The held-out sets of a run seed: validation (the sweep chooses settings by it), test (the
+grid's verdict; never looked at before the grid)."""
 
 
 def load_env_module(path: Path = ENV_SCRIPT) -> ModuleType:
@@ -61,37 +75,96 @@ def load_env_module(path: Path = ENV_SCRIPT) -> ModuleType:
 # ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StreamSeeds:
+    """The reasoning-gym seeds of one run seed: training stream, validation and test draws.
+
+    Item ``i`` of a reasoning-gym dataset is built from ``Random(seed + i)``, so run seeds 0,
+    1, 2 used as data seeds give one stream shifted by an item or two. Here each (run seed,
+    purpose) hashes to its own 48-bit seed: two of them closer than the ~50,000 draws a task
+    makes is a chance of about 1e-9 per pair.
+
+    >>> StreamSeeds.of(0) == StreamSeeds.of(0) != StreamSeeds.of(1)
+    True
+    """
+
+    train: int
+    validation: int
+    test: int
+
+    @classmethod
+    def of(cls, run_seed: int) -> StreamSeeds:
+        return cls(*(stream_seed(run_seed, purpose) for purpose in ("train", "validation", "test")))
+
+
+def stream_seed(run_seed: int, purpose: str) -> int:
+    """A reasoning-gym seed for ``purpose`` of ``run_seed``: blake2b, stable everywhere."""
+    digest = hashlib.blake2b(f"learning-grid\x00{run_seed}\x00{purpose}".encode(), digest_size=6)
+    return int.from_bytes(digest.digest(), "big")
+
+
 @dataclass
 class Task:
-    """Training pool, held-out problems, prompt, reward and grader of the demo's environment."""
+    """Training stream, validation and test problems, prompt, reward and grader of one env
+    config for one run seed (``StreamSeeds``): the three are pairwise disjoint, the held-out
+    two drawn from the slice of the problem space training never reaches."""
 
     config: Any
     module: ModuleType
     train: list[dict]
-    held_out: list[dict]
+    validation: list[dict]
+    test: list[dict]
     scorer: Any
     disjointness: Any
+    seeds: StreamSeeds
     env_config: Path = ENV_CONFIG
 
     @classmethod
     def load(cls, env_config: Path = ENV_CONFIG, seed: int = 0) -> Task:
         module = load_env_module()
+        seeds = StreamSeeds.of(seed)
         settings = dict(yaml.safe_load(env_config.read_text())["env"])
-        settings["seed"] = seed
+        settings.update(seed=seed, train_seed=seeds.train, held_out_seed=seeds.test)
         config = module.ReasoningGymConfig(**settings)
         if len(config.tasks) != 1:
             raise ValueError(f"{env_config}: the benchmark runs one task, not {list(config.tasks)}")
         problems = module.build_problems(config)  # raises if held-out meets the training pool
         (name,) = config.tasks
-        return cls(
-            config,
-            module,
-            problems.train[name],
-            problems.test[name],
-            problems.scorers[name],
-            problems.disjointness,
-            env_config,
-        )
+        test = problems.test[name]
+        shown = module.example_keys(config)
+        excluded = shown | {module.entry_key(e) for e in test}
+        validation = module.held_out_sets(config, seeds.validation, excluded)[name]
+        pool = [*(module.entry_key(e) for e in problems.train[name]), *shown]
+        check_disjoint([module.entry_key(e) for e in validation], pool, config.held_out_fraction)
+        return cls(config, module, problems.train[name], validation, test,
+                   problems.scorers[name], problems.disjointness, seeds, env_config)  # fmt: skip
+
+    def problems(self, split: str) -> list[dict]:
+        """The held-out problems of ``split`` (validation or test)."""
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: one of {SPLITS}")
+        return self.validation if split == "validation" else self.test
+
+    def env_flags(self, split: str = "test") -> list[str]:
+        """``env.py`` flags giving this run seed's training stream and ``split``'s problems
+        (atropos-local's env and the served evaluation)."""
+        held_out = self.seeds.validation if split == "validation" else self.seeds.test
+        flags = ["--env.seed", str(self.config.seed), "--env.train_seed", str(self.seeds.train),
+                 "--env.held_out_seed", str(held_out)]  # fmt: skip
+        if self.problems(split) is self.validation:
+            flags += ["--env.held_out_exclude_seed", str(self.seeds.test)]
+        return flags
+
+    def shared_test_problems(self, seeds: Sequence[int]) -> dict[int, int]:
+        """How many of this seed's test problems each other seed's test set also has: chance
+        alone where the held-out slice is small (sums: ~515 problems, so two sets of 200
+        share ~78; three sums: ~17,700, ~2)."""
+        mine = {self.key(e) for e in self.test}
+        return {
+            other: len(mine & {self.key(e) for e in Task.load(self.env_config, other).test})
+            for other in seeds
+            if other != self.config.seed
+        }
 
     @property
     def description(self) -> str:
@@ -188,27 +261,29 @@ def served_greedy_answers(
     threads: int = 2,
     eval_size: int | None = None,
     startup_s: float = 300.0,
+    split: str = "test",
 ) -> list[dict[str, Any]]:
-    """Greedy answers of ``model_dir`` to the task's held-out problems, as atropos-local
+    """Greedy answers of ``model_dir`` to the task's ``split`` problems, as atropos-local
     evaluates: the embedded server (``python -m atroposlib.inference``, shared prompt beginnings
     on) serving the folder, ``env.py evaluate`` against it. -> the ``samples.jsonl`` rows
     (``problem``, ``response``, ``strict``, ``lenient``, ``formatted`` ...) in held-out order.
     Raises ``NotHealthyError`` naming the log if the server cannot serve the folder."""
     from atroposlib.localrun.settings import LocalRunSettings
 
-    size = len(task.held_out) if eval_size is None else eval_size
+    problems = task.problems(split)
+    size = len(problems) if eval_size is None else eval_size
     # Every problem in one batch: same replies, 1.2-1.35x faster on sums than the server's
     # default 64 rows, ~1.08x on three sums (benchmarks/README.md, held_out_eval.py).
     batch = str(min(size, ONE_BATCH_MAX))
     served_evaluation(
         model_dir, task.env_config, out_dir, eval_size=size, threads=threads,
         max_token_length=LocalRunSettings().max_token_len, server_flags=["--max-batch-size", batch],
-        env_flags=["--openai.num_requests_for_eval", batch, "--env.seed", str(task.config.seed)],
+        env_flags=["--openai.num_requests_for_eval", batch, *task.env_flags(split)],
         startup_s=startup_s,
     )  # fmt: skip
     with (out_dir / "samples.jsonl").open() as handle:
         rows = {row["problem"]: row for row in map(json.loads, handle)}
-    wanted = [task.key(entry) for entry in task.held_out[:size]]
+    wanted = [task.key(entry) for entry in problems[:size]]
     if sorted(rows) != sorted(wanted):
         raise RuntimeError(f"{out_dir}: env.py evaluate answered other problems than the task's")
     return [rows[key] for key in wanted]
@@ -276,8 +351,14 @@ def run_ours(
     marks_s: Sequence[float],
     extra_args: Sequence[str] = (),
     env_config: Path = ENV_CONFIG,
+    env_args: Sequence[str] | None = None,
+    eval_every_steps: int = 0,
+    eval_size: int = 0,
 ) -> OursRun:
-    """``atropos-local --minutes`` (no in-run evals); weights hard-linked at each mark."""
+    """``atropos-local --minutes --seed``; weights hard-linked at each mark. ``env_args`` go to
+    the env (default: ``--env.seed seed``); ``eval_every_steps``: held-out evaluations of
+    ``eval_size`` problems during the run (atropos-local's drop warning; 0: none)."""
+    env_args = ["--env.seed", str(seed)] if env_args is None else list(env_args)
     command = [
         sys.executable,
         "-m",
@@ -289,7 +370,9 @@ def run_ours(
         "--steps",
         "100000",
         "--eval-size",
-        "0",
+        str(eval_size),
+        "--eval-every-steps",
+        str(eval_every_steps),
         "--seed",
         str(seed),
         "--no-panel",
@@ -298,7 +381,7 @@ def run_ours(
         "--env-config",
         str(env_config),
         "--env-args",
-        json.dumps(["--env.seed", str(seed)]),
+        json.dumps(env_args),
         *extra_args,
     ]
     run = OursRun(run_dir)
@@ -492,10 +575,10 @@ def run_trl(spec: TrlSpec) -> tuple[int, float]:
     return code, time.monotonic() - started
 
 
-def trl_snapshots(out_dir: Path) -> list[Snapshot]:
+def trl_snapshots(out_dir: Path, system: str = "trl") -> list[Snapshot]:
     result = json.loads((out_dir / "result.json").read_text())
     return [
-        Snapshot("trl", Path(s["folder"]), float(s["elapsed_s"]), int(s["step"]))
+        Snapshot(system, Path(s["folder"]), float(s["elapsed_s"]), int(s["step"]))
         for s in result["snapshots"]
     ]
 

@@ -72,6 +72,8 @@ def create_app(settings: InferenceSettings) -> FastAPI:
             share_prompt_prefixes=settings.share_prompt_prefixes,
             share_twin_rows=settings.share_twin_rows,
         )
+        if settings.seed is not None:
+            torch.manual_seed(settings.seed)  # after loading: the sampler's draws start here
         threads = None
         if settings.max_threads is not None:
             threads = ThreadGovernor(settings.threads or 1, settings.max_threads)

@@ -106,6 +106,12 @@ class InferenceSettings(BaseSettings, AccessSettings):
         "do not: atropos-local's server takes the trainer's core while the trainer waits for "
         "a batch and during the held-out evaluations. Default: always --threads.",
     )
+    seed: int | None = Field(
+        default=None,
+        description="Seed of the sampler (torch's generators, set once at start): the same "
+        "requests in the same order sample the same tokens; a request's own `seed` still wins. "
+        "Default: unseeded.",
+    )
     served_model_name: str | None = Field(
         default=None, description="Name clients pass as `model`; defaults to the --model value."
     )

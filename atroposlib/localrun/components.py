@@ -95,6 +95,7 @@ def evaluation(layout: RunLayout, settings: LocalRunSettings, label: str) -> Com
     component = environment(layout, settings, mode="evaluate")
     argv = [
         *component.argv,
+        *settings.env_args,
         "--env.eval_size", str(settings.eval_size),
         "--env.data_dir_to_save_evals", str(layout.eval_dir(label)),
     ]  # fmt: skip

@@ -67,7 +67,7 @@ class EmbeddedInference:
              "--port", str(layout.inference_port), "--served-model-name", "default",
              "--threads", str(settings.threads), "--max-threads", str(most),
              "--device", settings.device, "--dtype", dtype,
-             "--weight-roots", str(layout.checkpoints)],
+             "--weight-roots", str(layout.checkpoints), "--seed", str(settings.seed)],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip

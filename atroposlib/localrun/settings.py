@@ -87,7 +87,9 @@ class LocalRunSettings(BaseSettings):
         "(all rewards equal) below the best reward seen, 0.3 or more above the share of the "
         "run's first 40 (groups dropped with the best reward, a solved task, do not count).",
     )
-    seed: int = Field(default=0, description="Seed of the trainer.")
+    seed: int = Field(
+        default=0, description="Seed of the trainer and of the embedded server's sampler."
+    )
     keep_last_checkpoints: int = Field(
         default=1,
         ge=1,
@@ -140,7 +142,9 @@ class LocalRunSettings(BaseSettings):
         default_factory=list, description="Extra flags for the trainer (atropos-grpo)."
     )
     env_args: list[str] = Field(
-        default_factory=list, description="Extra flags for the environment's serve command."
+        default_factory=list,
+        description="Extra flags for the environment: its serve command and the held-out "
+        "evaluations (e.g. --env.seed, so both draw from the same seed).",
     )
     panel: bool = Field(
         default=True,

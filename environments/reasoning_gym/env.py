@@ -66,6 +66,18 @@ class ReasoningGymConfig(BaseEnvConfig):
         "refuses to start if it meets a training problem).",
     )
     seed: int = Field(default=0, description="Seed of the training data; eval uses seed + 1.")
+    train_seed: int | None = Field(
+        default=None, description="Seed of the training stream instead of seed (default: seed)."
+    )
+    held_out_seed: int | None = Field(
+        default=None,
+        description="Seed of the held-out draws instead of seed + 1 (default: seed + 1).",
+    )
+    held_out_exclude_seed: int | None = Field(
+        default=None,
+        description="Never evaluate the eval_size held-out problems this seed draws: a "
+        "validation set disjoint from that seed's test set (benchmarks/learning_vs_trl.py).",
+    )
     system_prompt: str = Field(
         default=SYSTEM_PROMPT, description="System message of every prompt ('' for none)."
     )
@@ -232,24 +244,42 @@ def build_problems(config: ReasoningGymConfig) -> Problems:
     Raises ``HeldOutOverlapError`` if a held-out problem is in the training pool.
     """
     split = HeldOutSplit(config.held_out_fraction)
-    budget = 10 * config.eval_size / (split.fraction or 1.0) + 1_000
-    draws = make_datasets(config, int(4 * config.dataset_size + budget), config.seed)
+    train_seed = config.seed if config.train_seed is None else config.train_seed
+    draws = make_datasets(config, int(4 * config.dataset_size + _budget(config)), train_seed)
     train = {
         name: training_problems(_entries(ds), entry_key, split, config.dataset_size)
         for name, ds in draws.items()
     }
-    held_out = make_datasets(config, int(budget), config.seed + 1)
     shown = example_keys(config)
-    test = {
-        name: held_out_problems(_entries(ds), entry_key, split, config.eval_size, exclude=shown)
-        for name, ds in held_out.items()
-    }
+    excluded = set(shown)
+    if config.held_out_exclude_seed is not None:
+        other = held_out_sets(config, config.held_out_exclude_seed, shown)
+        excluded.update(entry_key(e) for entries in other.values() for e in entries)
+    held_out_seed = config.seed + 1 if config.held_out_seed is None else config.held_out_seed
+    test = held_out_sets(config, held_out_seed, excluded)
     disjointness = check_disjoint(
         [entry_key(e) for entries in test.values() for e in entries],
         [*(entry_key(e) for entries in train.values() for e in entries), *shown],
         split.fraction,
     )
     return Problems(train, test, draws, disjointness)
+
+
+def held_out_sets(
+    config: ReasoningGymConfig, seed: int, exclude: set[str]
+) -> dict[str, list[dict]]:
+    """``eval_size`` distinct held-out problems per task, drawn with ``seed``, none in
+    ``exclude``."""
+    split = HeldOutSplit(config.held_out_fraction)
+    return {
+        name: held_out_problems(_entries(ds), entry_key, split, config.eval_size, exclude=exclude)
+        for name, ds in make_datasets(config, _budget(config), seed).items()
+    }
+
+
+def _budget(config: ReasoningGymConfig) -> int:
+    """Draws enough for ``eval_size`` held-out problems (and as many excluded) per task."""
+    return int(10 * config.eval_size / (config.held_out_fraction or 1.0) + 1_000)
 
 
 def make_datasets(config: ReasoningGymConfig, size: int, seed: int) -> dict[str, Any]:
@@ -275,6 +305,7 @@ def chat_prompt(config: ReasoningGymConfig, question: str) -> list[dict]:
 
 
 _EXPRESSION = re.compile(r"\d+(?:\s*[-+*/]\s*\d+)+")
+_ANIMALS = re.compile(r"legs are there in total if you have (\d+ [a-z ]+(?:, \d+ [a-z ]+)*)\?")
 
 
 def example_keys(config: ReasoningGymConfig) -> set[str]:
@@ -282,17 +313,27 @@ def example_keys(config: ReasoningGymConfig) -> set[str]:
     (an arithmetic expression in the question text stands in for the generator's metadata)."""
     keys = set()
     for question, _ in config.examples:
-        expression = _EXPRESSION.search(question)
-        metadata = {"expression": expression.group()} if expression else {}
-        problem = canonical_problem(question, metadata)
-        keys.update(f"{task}:{problem}" for task in config.tasks)
+        expression, animals = _EXPRESSION.search(question), _ANIMALS.search(question)
+        metadata: dict[str, Any] = {"expression": expression.group()} if expression else {}
+        if animals:  # "2 cats, 1 spider": the generator adds an s to a count above 1
+            counted = (item.split(" ", 1) for item in animals.group(1).split(", "))
+            metadata = {"animals": {(a[:-1] if int(n) > 1 else a): int(n) for n, a in counted}}
+        keys.update(f"{task}:{_canonical(question, metadata)}" for task in config.tasks)
     return keys
 
 
 def entry_key(entry: dict) -> str:
     """The canonical problem of a reasoning-gym entry, with its task's name."""
     metadata = entry.get("metadata") or {}
-    return f"{metadata.get('source_dataset', '')}:{canonical_problem(entry['question'], metadata)}"
+    return f"{metadata.get('source_dataset', '')}:{_canonical(entry['question'], metadata)}"
+
+
+def _canonical(question: str, metadata: dict[str, Any]) -> str:
+    """``canonical_problem``; leg_counting's animals in any order are one problem."""
+    animals = metadata.get("animals")
+    if isinstance(animals, dict):
+        return "legs of " + ", ".join(f"{n} {a}" for a, n in sorted(animals.items()))
+    return canonical_problem(question, metadata)
 
 
 def _entries(dataset: Any) -> Iterator[dict]:

@@ -51,7 +51,7 @@ def task() -> Task:
 def test_the_held_out_grader(
     task: Task, reply: str, formatted: bool, strict: bool, lenient: bool
 ) -> None:
-    entry = task.held_out[0]
+    entry = task.test[0]
     a, b = entry["metadata"]["expression"].split(" + ")
     right = entry["answer"]
     text = reply.format(right=right, wrong=int(right) + 1, a=a, b=b)
@@ -80,7 +80,7 @@ def test_the_reward_is_tagged_correctness_plus_exact_format(task: Task) -> None:
 
 
 def test_the_prompt_shows_the_worked_examples_before_the_question(task: Task) -> None:
-    entry = task.held_out[0]
+    entry = task.test[0]
     messages = task.prompt(entry)
     assert len(task.config.examples) == 2
     assert [m["role"] for m in messages] == ["user", "assistant"] * 2 + ["user"]
@@ -93,12 +93,12 @@ def test_the_prompt_shows_the_worked_examples_before_the_question(task: Task) ->
 
 
 def test_no_held_out_problem_is_in_the_pool_either_system_trains_on(task: Task) -> None:
-    held_out = {task.key(e) for e in task.held_out}
+    held_out = {task.key(e) for e in task.test}
     pool = {task.key(e) for e in task.train}  # ours draws from it; TRL's dataset is exactly it
-    assert len(held_out) == len(task.held_out) >= 200
+    assert len(held_out) == len(task.test) >= 200
     assert not held_out & pool
     swapped = set()
-    for entry in task.held_out:  # a + b and b + a are the same problem
+    for entry in task.test:  # a + b and b + a are the same problem
         a, b = entry["metadata"]["expression"].split(" + ")
         swapped.add(f"Calculate {b} + {a}.")
     assert not swapped & {e["question"] for e in task.train}
@@ -109,7 +109,7 @@ def test_no_held_out_problem_is_in_the_pool_either_system_trains_on(task: Task) 
 
 
 def test_a_worked_example_is_never_evaluated_even_if_its_problem_is_held_out(task: Task) -> None:
-    first = task.held_out[0]
+    first = task.test[0]
     a, b = first["metadata"]["expression"].split(" + ")
     example = (f"Calculate {b} + {a}.", f"<answer>{first['answer']}</answer>")  # the same fact
     config = task.module.ReasoningGymConfig(**{**task.config.model_dump(), "examples": [example]})
@@ -220,7 +220,7 @@ def test_a_model_already_graded_is_read_back_not_generated_again(
     from benchmarks.learning_vs_trl import evaluate
 
     rows = [{"problem": task.key(e), "strict": i % 2 == 0, "lenient": True, "formatted": i < 3}
-            for i, e in enumerate(task.held_out)]  # fmt: skip
+            for i, e in enumerate(task.test)]  # fmt: skip
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     missing_model = tmp_path / "no-model"  # generating would fail: nothing can be served
     graded = evaluate(task, None, missing_model, tmp_path, 1)
@@ -278,15 +278,13 @@ def test_the_served_evaluator_answers_as_transformers_generate_does(
 
     model, count = ensure_test_model(), 24
     served = served_greedy_answers(model, task, tmp_path / "served", threads=2, eval_size=count)
-    prompts = [task.prompt(e) for e in task.held_out[:count]]
+    prompts = [task.prompt(e) for e in task.test[:count]]
     generated = greedy_replies(model, model, prompts, task.max_tokens, batch_size=count)
-    assert [a["problem"] for a in served] == [task.key(e) for e in task.held_out[:count]]
+    assert [a["problem"] for a in served] == [task.key(e) for e in task.test[:count]]
     differing = [(a["response"], r) for a, r in zip(served, generated, strict=True)
                  if a["response"] != r]  # fmt: skip
     assert not differing, differing
-    grades = [
-        task.grade(r, e).strict for r, e in zip(generated, task.held_out[:count], strict=True)
-    ]
+    grades = [task.grade(r, e).strict for r, e in zip(generated, task.test[:count], strict=True)]
     assert [a["strict"] for a in served] == grades
 
 
@@ -296,18 +294,18 @@ def test_the_served_evaluator_answers_as_transformers_generate_does(
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_every_task_holds_out_200_problems_none_of_them_trainable(name: str) -> None:
     task = Task.load(TASKS[name])
-    assert len(task.held_out) == 200 == task.disjointness.eval_problems
+    assert len(task.test) == 200 == task.disjointness.eval_problems
     assert task.disjointness.overlap == 0 and task.disjointness.training_pool > 1000
     train_keys = {task.key(e) for e in task.train}
-    assert not train_keys & {task.key(e) for e in task.held_out}
+    assert not train_keys & {task.key(e) for e in task.test}
 
 
 def test_the_second_task_is_three_terms_with_the_same_prompt_shape() -> None:
     first, second = Task.load(TASKS["sums"]), Task.load(TASKS["three_sums"])
-    entry = second.held_out[0]
-    assert entry["question"].count("+") == 2 and "+" in first.held_out[0]["question"]
+    entry = second.test[0]
+    assert entry["question"].count("+") == 2 and "+" in first.test[0]["question"]
     weight = second.config.format_weight
     assert weight == first.config.format_weight  # one reward on both tasks
     assert second.reward(f"<answer>{entry['answer']}</answer>", entry) == 1.0 + weight
     assert second.reward("<answer>-1</answer>", entry) == weight  # the format alone
-    assert len(second.prompt(entry)) == len(first.prompt(first.held_out[0]))
+    assert len(second.prompt(entry)) == len(first.prompt(first.test[0]))

@@ -10,6 +10,7 @@ import pytest
 
 from atroposlib.localrun.bootstrap import bootstrap_mean
 from benchmarks.learning_pool import (
+    hierarchical_bootstrap,
     load_summaries,
     main,
     minutes_to_reach,
@@ -17,6 +18,7 @@ from benchmarks.learning_pool import (
     pooled_table,
     seed_row,
     stratified_bootstrap,
+    t_interval,
     target_lines,
 )
 
@@ -91,6 +93,7 @@ def test_the_table_has_every_seed_and_a_pooled_line_per_task(tmp_path: Path) -> 
     assert "| sums | 0 | 10 / 10 | 10.0 % | 60.0 % (+50.0" in table
     assert "| three_sums | 0 |" in table and "| not |" in table  # ours never reached TRL's 40 %
     assert "sums, pooled over seeds [0, 1]: ours - TRL strict gain +15.0" in table
+    assert "(seeds, then problems resampled); t over seeds [" in table
     assert "lowest seed +0.0" in table
     assert "three_sums, pooled" not in table  # one seed: nothing to pool
     assert "three_sums, seed 0 only: nothing to pool yet" in table
@@ -116,7 +119,8 @@ def test_the_targets_are_judged_per_task_with_their_figures(tmp_path: Path) -> N
     ]
     lines = target_lines(rows)
     assert lines[0].startswith("ours ends within 5 points of its best snapshot: met")
-    assert lines[1] == "pooled ours - TRL >= +10, interval above 0: met (+15.0 [+5.0, +25.0])"
+    # two seeds that disagree (+30, +0): resampling seeds, the interval reaches 0
+    assert lines[1] == "pooled ours - TRL >= +10, interval above 0: MISSED (+15.0 [+0.0, +40.0])"
     assert (
         lines[2].startswith("ours - TRL >= +5 on every seed: MISSED") and "seed 1 +0.0" in lines[2]
     )
@@ -136,7 +140,7 @@ def test_a_published_folder_pools_wherever_it_lies_and_the_gaps_are_named(tmp_pa
     summaries = load_summaries([moved])
     assert summaries[0]["run_dir"] == str(moved / "sums-seed0")
     assert seed_row(summaries[0])["after"]["ours"] == pytest.approx(0.6)
-    missing = missing_cells(summaries, ["sums", "three_sums"])
+    missing = missing_cells(summaries, ["sums", "three_sums"], (0, 1, 2))
     assert missing == ["sums-seed1", "sums-seed2", "three_sums-seed0", "three_sums-seed1",
                        "three_sums-seed2"]  # fmt: skip
 
@@ -167,3 +171,36 @@ def test_docs_get_the_grid_table_between_their_markers_and_nothing_else(tmp_path
     bare.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no grid-table markers"):
         fill_block(bare, "x")
+
+
+def test_the_hierarchical_interval_holds_the_spread_between_seeds() -> None:
+    # three seeds with very different gains: +40, +0 and +20 points on 200 problems each
+    seeds = [[1.0] * 80 + [0.0] * 120, [1.0] * 20 + [0.0] * 20 + [-1.0] * 20 + [0.0] * 140,
+             [1.0] * 40 + [0.0] * 160]  # fmt: skip
+    hierarchical = hierarchical_bootstrap(seeds)
+    within = stratified_bootstrap(seeds)
+    assert hierarchical.estimate == pytest.approx(within.estimate) == pytest.approx(0.2)
+    assert hierarchical.high - hierarchical.low > 2 * (within.high - within.low)
+    assert hierarchical.low < 0.1 < 0.3 < hierarchical.high
+    same = hierarchical_bootstrap([[0.5] * 10] * 3)  # no noise anywhere: no width
+    assert (same.low, same.high) == (0.5, 0.5)
+
+
+def test_the_t_interval_over_seeds_is_students() -> None:
+    interval = t_interval([0.4, 0.0, 0.2])  # mean 0.2, sd 0.2, t(2) 4.303
+    assert interval.estimate == pytest.approx(0.2)
+    half = 4.303 * 0.2 / 3**0.5
+    assert (interval.low, interval.high) == (pytest.approx(0.2 - half), pytest.approx(0.2 + half))
+    with pytest.raises(ValueError, match="two seeds"):
+        t_interval([0.1])
+
+
+def test_independent_seed_cells_expect_issue_46s_grid(tmp_path: Path) -> None:
+    from benchmarks.learning_pool import expected_cells
+    from benchmarks.learning_systems import GRID_SEEDS, TASKS
+
+    old = write_run(tmp_path / "a", "sums", 0, ours_right=12, trl_right=6)
+    assert expected_cells([old]) == (["sums", "three_sums"], (0, 1, 2))
+    new = {**old, "seeds": {"train": 1, "validation": 2, "test": 3}}
+    assert expected_cells([new]) == (list(TASKS), GRID_SEEDS)
+    assert "legs" in TASKS
