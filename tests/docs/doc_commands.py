@@ -122,7 +122,8 @@ def doc_commands_in_block(page: str, starts: str) -> list[DocCommand]:
     raise AssertionError(f"{page}: no block holds {starts!r}")
 
 
-INLINE = re.compile(r"(?<!`)`(?P<text>[^`\n]+)`(?!`)")
+INLINE = re.compile(r"(?<!`)`(?P<text>[^`\n]+(?:\n[^`\n]+)?)`(?!`)")
+"""A `code span`, which may wrap onto the next line of its paragraph."""
 
 
 @dataclass(frozen=True)
@@ -146,5 +147,5 @@ def inline_spans() -> list[InlineSpan]:
         prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text())
         for m in INLINE.finditer(prose):
             line = prose.count("\n", 0, m.start()) + 1
-            found.append(InlineSpan(page, line, m.group("text").strip()))
+            found.append(InlineSpan(page, line, " ".join(m.group("text").split())))
     return found

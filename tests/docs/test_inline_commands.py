@@ -30,8 +30,11 @@ from tests.docs.program_flags import accepted_flags
 from tests.docs.test_doc_commands import INTERPRETERS, RULES, inputs_exist, program, substituted
 
 FLAG = re.compile(r"(?<![\w./-])--[a-z][\w.-]*[a-z0-9_](?![\w-])")
-PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|\||\bN\b")
-"""A span with ``<name>``, ``...``, ``a|b`` or ``N`` is a pattern, not a command as written."""
+PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|\||(?<![\w=-])[A-Z]{1,6}(?![\w=])")
+"""A span with ``<name>``, ``...``, ``a|b`` or a word in capitals (``N``, ``RUN/x.jsonl``) is a
+pattern, not a command as written."""
+OTHER_PROJECTS_MODULES = {"vllm", "sglang"}
+"""``python -m`` of another project's package (run in that project's own venv)."""
 NOTATION = {"--kebab-case", "--snake_case", "--flag", "--no-flag", "--field", "--kebab-flag",
             "--kebab-name"}  # fmt: skip
 """Words that stand for any flag, where a page or a docstring explains how flags are spelled."""
@@ -77,7 +80,7 @@ def program_exists(argv: list[str]) -> None:
     if name in INTERPRETERS:
         if argv[1] != "-m":
             assert (REPO / argv[1]).is_file(), f"no script {argv[1]}"
-        elif len(argv) > 2:  # ``python -m`` alone is the prose's word for running a module
+        elif len(argv) > 2 and argv[2].split(".")[0] not in OTHER_PROJECTS_MODULES:
             assert importlib.util.find_spec(argv[2]) is not None, f"no module {argv[2]}"
     elif name.startswith("scripts/"):
         assert (REPO / name).is_file(), f"no script {name}"
