@@ -344,22 +344,19 @@ class OursRun:
     wall_s: float = 0.0
 
 
-def run_ours(
+def ours_command(
     run_dir: Path,
     minutes: float,
     seed: int,
-    marks_s: Sequence[float],
     extra_args: Sequence[str] = (),
     env_config: Path = ENV_CONFIG,
     env_args: Sequence[str] | None = None,
     eval_every_steps: int = 0,
     eval_size: int = 0,
-) -> OursRun:
-    """``atropos-local --minutes --seed``; weights hard-linked at each mark. ``env_args`` go to
-    the env (default: ``--env.seed seed``); ``eval_every_steps``: held-out evaluations of
-    ``eval_size`` problems during the run (atropos-local's drop warning; 0: none)."""
+) -> list[str]:
+    """The ``atropos-local`` command line of ``run_ours``."""
     env_args = ["--env.seed", str(seed)] if env_args is None else list(env_args)
-    command = [
+    return [
         sys.executable,
         "-m",
         "atroposlib.cli.local",
@@ -375,6 +372,10 @@ def run_ours(
         str(eval_every_steps),
         "--seed",
         str(seed),
+        # TRL's side trains in fp32 ("bf16": False below); atropos-local's default (auto) picks
+        # bf16 on CPUs with native bf16, so both are pinned to fp32, like for like
+        "--precision",
+        "fp32",
         "--no-panel",
         "--keep-last-weights",
         "3",
@@ -384,6 +385,24 @@ def run_ours(
         json.dumps(env_args),
         *extra_args,
     ]
+
+
+def run_ours(
+    run_dir: Path,
+    minutes: float,
+    seed: int,
+    marks_s: Sequence[float],
+    extra_args: Sequence[str] = (),
+    env_config: Path = ENV_CONFIG,
+    env_args: Sequence[str] | None = None,
+    eval_every_steps: int = 0,
+    eval_size: int = 0,
+) -> OursRun:
+    """``atropos-local --minutes --seed``; weights hard-linked at each mark. ``env_args`` go to
+    the env (default: ``--env.seed seed``); ``eval_every_steps``: held-out evaluations of
+    ``eval_size`` problems during the run (atropos-local's drop warning; 0: none)."""
+    command = ours_command(run_dir, minutes, seed, extra_args, env_config, env_args,
+                           eval_every_steps, eval_size)  # fmt: skip
     run = OursRun(run_dir)
     started = time.monotonic()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -309,3 +309,14 @@ def test_the_second_task_is_three_terms_with_the_same_prompt_shape() -> None:
     assert second.reward(f"<answer>{entry['answer']}</answer>", entry) == 1.0 + weight
     assert second.reward("<answer>-1</answer>", entry) == weight  # the format alone
     assert len(second.prompt(entry)) == len(first.prompt(first.test[0]))
+
+
+def test_ours_trains_in_fp32_as_trls_side_does(tmp_path: Path) -> None:
+    """TRL's side runs fp32 (``bf16: False``); atropos-local's default would pick bf16 on a CPU
+    with native bf16, so ours' command pins fp32 and atropos-local's own parser reads it so."""
+    from atroposlib.cli.local import parse_settings
+    from benchmarks.learning_systems import ours_command
+
+    command = ours_command(tmp_path / "run", 10.0, 1)
+    assert command[1:3] == ["-m", "atroposlib.cli.local"]
+    assert parse_settings(command[3:]).precision == "fp32"
