@@ -59,8 +59,12 @@ class Process:
         self.proc = subprocess.Popen(
             self.args, stdout=handle, stderr=subprocess.STDOUT, env=child_env(**self.env)
         )
-        wait_healthy(self.url + self.health, timeout_s=30, poll_s=0.1, process=self.proc,
-                     log_path=self.log, headers=self.headers)  # fmt: skip
+        try:
+            wait_healthy(self.url + self.health, timeout_s=30, poll_s=0.1, process=self.proc,
+                         log_path=self.log, headers=self.headers)  # fmt: skip
+        except BaseException:
+            self.stop()  # a server that never came up is not left running
+            raise
         return self
 
     def stop(self) -> None:
