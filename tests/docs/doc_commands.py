@@ -140,11 +140,16 @@ class InlineSpan:
         return f"{self.where}: `{self.text}`"
 
 
+def prose_of(text: str) -> str:
+    """``text`` with its fenced blocks blanked (their lines kept, so line numbers still count)."""
+    return FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
 def inline_spans() -> list[InlineSpan]:
     """Every `code span` of the prose (fenced blocks left out, their lines kept for counting)."""
     found = []
     for page in doc_files():
-        prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text())
+        prose = prose_of(page.read_text())
         for m in INLINE.finditer(prose):
             line = prose.count("\n", 0, m.start()) + 1
             found.append(InlineSpan(page, line, " ".join(m.group("text").split())))

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.docs.doc_commands import (
-    FENCE,
     INLINE,
     REPO,
     InlineSpan,
     doc_files,
     inline_spans,
+    prose_of,
 )
 from tests.docs.program_flags import accepted_flags
 from tests.docs.test_doc_commands import INTERPRETERS, RULES, inputs_exist, program, substituted
@@ -175,7 +175,7 @@ def missing_files(page: Path, text: str) -> list[str]:
     """Files ``text`` (a page's prose) names that the checkout lacks: a span naming a file of
     ours (``docs/x.md``), a page named in the prose (``SLURM.md``), a relative link."""
     wrong = []
-    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    prose = prose_of(text)
     for line_no, line in enumerate(prose.splitlines(), 1):
         where = f"{page.relative_to(REPO)}:{line_no}"
         for span in INLINE.findall(line):
