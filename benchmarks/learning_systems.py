@@ -47,10 +47,10 @@ ONE_BATCH_MAX = 256
 TASKS = {
     "sums": ENV_CONFIG,
     "three_sums": REPO / "configs" / "local-cpu-three-sums-env.yaml",
-    "legs": REPO / "configs" / "local-cpu-legs-env.yaml",
+    "family": REPO / "configs" / "local-cpu-family-env.yaml",
 }
 """The benchmark's tasks by name: the demo's (two numbers 0-100), a harder sum, and one that is
-not a sum (reasoning-gym leg_counting)."""
+not arithmetic (reasoning-gym family_relationships: who is who in a family of 3-4)."""
 SWEEP_SEED = 0
 """The run seed the sweep tunes on (its training stream and validation set only)."""
 GRID_SEEDS = (1, 2, 3)

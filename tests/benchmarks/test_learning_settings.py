@@ -72,8 +72,8 @@ def test_the_grid_takes_the_sweeps_choice_and_trl_at_its_defaults_beside_it(
     assert cell_systems(args, "sums") == {"ours": DEFAULTS["ours"], "trl": tuned_trl,
                                           "trl_defaults": DEFAULTS["trl"]}  # fmt: skip
     assert cell_systems(parse_args([]), "sums") == DEFAULTS  # no sweep: both at defaults
-    with pytest.raises(SystemExit, match="no finished sweep run of ours, trl on legs"):
-        settings_for(path, "legs")
+    with pytest.raises(SystemExit, match="no finished sweep run of ours, trl on family"):
+        settings_for(path, "family")
 
 
 def test_the_grid_defaults_to_20_minutes_snapshots_every_5_and_the_drop_warning_on() -> None:
