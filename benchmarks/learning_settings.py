@@ -5,7 +5,9 @@ its other knobs, either TRL's documented defaults (8 replies a prompt, 8 sequenc
 clip 0.2) or ours' (4 replies a prompt, 16 sequences a step, clip-higher 0.28). The sweep
 (``learning_sweep.py``) appends one JSON line per finished run; ``chosen`` reads them back and
 picks, per task and system, the best validation strict accuracy (ties: the default), which
-``learning_vs_trl.py --settings-from`` then runs on the grid.
+``learning_vs_trl.py --settings-from`` then runs on the grid. The sweep runs in two stages
+(``first_stage``: the learning rates at each system's own temperature; ``second_stage``: the
+other temperature at each one's best rate), or the whole cross with ``sweep_grid``.
 """
 
 from __future__ import annotations
@@ -102,6 +104,47 @@ def sweep_grid(
     trl = [Setting("trl", lr, t, k) for k in KNOBS for lr in trl_lrs for t in temperatures]
     settings = sorted(ours, key=lambda s: not s.is_default)
     return settings + sorted(trl, key=lambda s: not s.is_default)
+
+
+def first_stage(
+    ours_lrs: Sequence[float] = OURS_LRS, trl_lrs: Sequence[float] = TRL_LRS
+) -> list[Setting]:
+    """The two-stage sweep's first stage: every learning rate at the system's own default
+    temperature (TRL: at both sets of knobs); each system's default first.
+
+    >>> [s.key for s in first_stage([1e-5], [1e-6])]
+    ['ours ours lr=1e-05 T=0.7', 'trl defaults lr=1e-06 T=1', 'trl ours lr=1e-06 T=1']
+    """
+    ours = [Setting("ours", lr, OURS_TEMPERATURE) for lr in ours_lrs]
+    trl = [Setting("trl", lr, TRL_TEMPERATURE, k) for k in KNOBS for lr in trl_lrs]
+
+    def defaults_first(settings: list[Setting]) -> list[Setting]:
+        return sorted(settings, key=lambda s: not s.is_default)
+
+    return defaults_first(ours) + defaults_first(trl)
+
+
+def second_stage(
+    rows: Iterable[dict[str, Any]], task: str, temperatures: Sequence[float] = TEMPERATURES
+) -> list[Setting]:
+    """The second stage: the other temperatures at the best first-stage learning rate of each
+    system and set of knobs (best validation strict; ties: the default, else the first)."""
+    best: dict[tuple[str, str], tuple[float, bool, Setting]] = {}
+    for row in rows:
+        setting = setting_of(row)
+        own = OURS_TEMPERATURE if setting.system == "ours" else TRL_TEMPERATURE
+        if row["task"] != task or setting.temperature != own:
+            continue
+        rank = (float(row["validation"]["strict"]), setting.is_default)
+        held = best.get((setting.system, setting.knobs))
+        if held is None or rank > held[:2]:
+            best[(setting.system, setting.knobs)] = (*rank, setting)
+    return [
+        Setting(s.system, s.lr, t, s.knobs)
+        for _, _, s in best.values()
+        for t in temperatures
+        if t != s.temperature
+    ]
 
 
 def setting_of(row: dict[str, Any]) -> Setting:

@@ -1,18 +1,20 @@
 """The sweep before the grid (issue 46): the same small grid of settings for both systems,
 chosen on the validation set only.
 
-For one task and the sweep's seed, runs each system at each setting of ``sweep_grid`` (ours:
-lr x4 around its default x temperature 0.7/1.0; TRL: lr x4 from its default 1e-6 x {its
-defaults, ours' other knobs} x temperature 0.7/1.0), one run at a time, each for ``--minutes``
-(10), exactly as a grid cell trains it (``learning_vs_trl.train_system``: ours with its drop
-warning on), then grades its final weights greedily on the seed's VALIDATION set. The test
-sets are never read. One JSON line per finished run goes to ``<out>/sweep.jsonl``; run again,
-it skips the settings already there (an interrupted sweep resumes). At the end, and with
-``--table-only`` at any time, it prints the table and each system's chosen setting (best
-validation strict; ties: the default), which ``learning_vs_trl.py --settings-from
-<out>/sweep.jsonl`` runs on the grid.
+For one task and the sweep's seed, runs each system in two stages: first every learning rate
+at the system's own temperature (ours: lr x4 around its default at 0.7; TRL: lr x4 from its
+default 1e-6 at 1.0, both at its defaults and at ours' other knobs), then the other temperature
+at the best rate of each (``first_stage``, ``second_stage``; ``--full-grid``: every lr x
+temperature instead). One run at a time, each for ``--minutes`` (10), exactly as a grid cell
+trains it (``learning_vs_trl.train_system``: ours with its drop warning on), then its final
+weights graded greedily on the seed's VALIDATION set. The test sets are never read. One JSON
+line per finished run goes to ``<out>/sweep.jsonl``; run again, it skips the settings already
+there (an interrupted sweep resumes). At the end, and with ``--table-only`` at any time, it
+prints the table and each system's chosen setting (best validation strict over all its runs;
+ties: the default), which ``learning_vs_trl.py --settings-from <out>/sweep.jsonl`` runs on the
+grid.
 
-    .venv/bin/python benchmarks/learning_sweep.py --tasks sums      # 24 runs, ~5 h per task
+    .venv/bin/python benchmarks/learning_sweep.py --tasks sums      # 15 runs, ~3 h per task
     .venv/bin/python benchmarks/learning_sweep.py --table-only
 """
 
@@ -34,8 +36,10 @@ from benchmarks.learning_settings import (
     TRL_LRS,
     Setting,
     chosen,
+    first_stage,
     read_rows,
     row_for,
+    second_stage,
     sweep_grid,
 )
 from benchmarks.learning_systems import SWEEP_SEED, TASKS, Snapshot, Task
@@ -64,7 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--ours-lrs", default=",".join(f"{v:g}" for v in OURS_LRS))
     parser.add_argument("--trl-lrs", default=",".join(f"{v:g}" for v in TRL_LRS))
-    parser.add_argument("--temperatures", default=",".join(f"{v:g}" for v in TEMPERATURES))
+    parser.add_argument(
+        "--temperatures",
+        default=",".join(f"{v:g}" for v in TEMPERATURES),
+        help="Temperatures of the second stage (with --full-grid: of the whole cross).",
+    )
+    parser.add_argument(
+        "--full-grid",
+        action="store_true",
+        help="Every lr x temperature (TRL: x knobs) instead of the two stages.",
+    )
     parser.add_argument(
         "--drop-check-every-steps",
         type=int,
@@ -86,29 +99,50 @@ def floats(text: str) -> list[float]:
 
 
 def sweep_task(args: argparse.Namespace, name: str, base_model: Path) -> None:
-    """Every setting of the grid not yet in sweep.jsonl, one after the other."""
+    """Every setting of the sweep not yet in sweep.jsonl, one after the other: the first
+    stage, then the second chosen from it (``--full-grid``: the whole cross)."""
     path = args.out / "sweep.jsonl"
-    done = {(r["key"], r["seed"], r["minutes"]) for r in read_rows(path) if r["task"] == name}
-    grid = sweep_grid(floats(args.ours_lrs), floats(args.trl_lrs), floats(args.temperatures))
-    todo = [s for s in grid if (s.key, args.seed, args.minutes) not in done]
-    print(f"[{name}] {len(grid) - len(todo)} of {len(grid)} settings done; "
-          f"{len(todo)} to run, {args.minutes:g} min each", flush=True)  # fmt: skip
     task = Task.load(TASKS[name], args.seed)
     task_args = argparse.Namespace(**{**vars(args), "env_config": TASKS[name]})
     base_dir = args.run_root / f"{name}-seed{args.seed}"
     base = evaluate(task, None, base_model, base_dir / "eval", args.eval_threads, "validation")
-    for setting in todo:
-        started = time.monotonic()
-        figures = run_setting(task_args, task, setting, base_dir / setting.slug, base_model)
-        if figures is None:
-            print(f"[{name}] {setting.key} failed; see {base_dir / setting.slug}", flush=True)
-            continue
-        figures["base_validation"] = {g: base.rate(g) for g in GRADES}
-        figures["wall_minutes"] = (time.monotonic() - started) / 60
-        with path.open("a") as handle:
-            handle.write(row_for(setting, name, args.seed, args.minutes, **figures))
-        print(f"[{name}] {setting.key}: validation strict "
-              f"{pct(figures['validation']['strict'])}", flush=True)  # fmt: skip
+    for stage in ("whole grid",) if args.full_grid else ("first", "second"):
+        settings = stage_settings(args, stage, finished_rows(args, path, name), name)
+        done = {row["key"] for row in finished_rows(args, path, name)}
+        todo = [s for s in settings if s.key not in done]
+        print(f"[{name}] {stage} stage: {len(settings) - len(todo)} of {len(settings)} settings "
+              f"done; {len(todo)} to run, {args.minutes:g} min each", flush=True)  # fmt: skip
+        for setting in todo:
+            started = time.monotonic()
+            figures = run_setting(task_args, task, setting, base_dir / setting.slug, base_model)
+            if figures is None:
+                print(f"[{name}] {setting.key} failed; see {base_dir / setting.slug}", flush=True)
+                continue
+            figures["base_validation"] = {g: base.rate(g) for g in GRADES}
+            figures["wall_minutes"] = (time.monotonic() - started) / 60
+            with path.open("a") as handle:
+                handle.write(row_for(setting, name, args.seed, args.minutes, **figures))
+            print(f"[{name}] {setting.key}: validation strict "
+                  f"{pct(figures['validation']['strict'])}", flush=True)  # fmt: skip
+
+
+def stage_settings(
+    args: argparse.Namespace, stage: str, rows: list[dict[str, Any]], name: str
+) -> list[Setting]:
+    """The settings of one stage; the second is chosen from the first stage's ``rows``."""
+    ours_lrs, trl_lrs = floats(args.ours_lrs), floats(args.trl_lrs)
+    temperatures = floats(args.temperatures)
+    if stage == "first":
+        return first_stage(ours_lrs, trl_lrs)
+    if stage == "second":
+        return second_stage(rows, name, temperatures)
+    return sweep_grid(ours_lrs, trl_lrs, temperatures)
+
+
+def finished_rows(args: argparse.Namespace, path: Path, name: str) -> list[dict[str, Any]]:
+    """The sweep's rows of this task, seed and budget."""
+    return [r for r in read_rows(path)
+            if (r["task"], r["seed"], r["minutes"]) == (name, args.seed, args.minutes)]  # fmt: skip
 
 
 def run_setting(

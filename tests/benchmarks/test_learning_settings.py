@@ -13,8 +13,10 @@ from benchmarks.learning_settings import (
     OURS_KNOBS_FOR_TRL,
     Setting,
     chosen,
+    first_stage,
     read_rows,
     row_for,
+    second_stage,
     settings_for,
     sweep_grid,
 )
@@ -54,6 +56,46 @@ def test_the_choice_is_the_best_validation_strict_and_ties_go_to_the_default() -
     tie = chosen(rows((faster, 0.5), (DEFAULTS["ours"], 0.5)), "sums")
     assert tie == {"ours": DEFAULTS["ours"]}
     assert chosen(rows((faster, 0.9)), "three_sums") == {}
+
+
+def test_the_first_stage_sweeps_each_systems_rates_at_its_own_temperature() -> None:
+    first = first_stage()
+    ours = [s for s in first if s.system == "ours"]
+    trl = [s for s in first if s.system == "trl"]
+    assert (len(ours), len(trl)) == (4, 8) and first[0] == DEFAULTS["ours"]
+    assert first[len(ours)] == DEFAULTS["trl"]
+    assert {s.temperature for s in ours} == {0.7} and {s.temperature for s in trl} == {1.0}
+    assert {(s.knobs, s.lr) for s in trl} == {(k, lr) for k in ("defaults", "ours")
+                                              for lr in (1e-6, 3e-6, 1e-5, 2e-5)}  # fmt: skip
+
+
+def test_the_second_stage_tries_the_other_temperature_at_each_best_rate() -> None:
+    ours_fast, ours_slow = Setting("ours", 2e-5, 0.7), Setting("ours", 3e-6, 0.7)
+    trl_fast = Setting("trl", 1e-5, 1.0, "defaults")
+    trl_ours_knobs = [Setting("trl", lr, 1.0, "ours") for lr in (1e-6, 3e-6)]
+    hot_but_off_stage = Setting("ours", 3e-6, 1.0)  # not at ours' own temperature: not ranked
+    done = rows((DEFAULTS["ours"], 0.5), (ours_fast, 0.6), (ours_slow, 0.55),
+                (hot_but_off_stage, 0.9), (DEFAULTS["trl"], 0.3), (trl_fast, 0.4),
+                (trl_ours_knobs[0], 0.2), (trl_ours_knobs[1], 0.2))  # fmt: skip
+    assert second_stage(done, "sums") == [
+        Setting("ours", 2e-5, 1.0),
+        Setting("trl", 1e-5, 0.7, "defaults"),
+        Setting("trl", 1e-6, 0.7, "ours"),
+    ]  # fmt: skip  (a tie: the first of them)
+    tie = rows((ours_fast, 0.5), (DEFAULTS["ours"], 0.5))
+    assert second_stage(tie, "sums") == [Setting("ours", 1e-5, 1.0)]  # ties: the default
+    assert second_stage(done, "three_sums") == []
+
+
+def test_the_sweep_runs_the_two_stages_unless_asked_for_the_whole_grid() -> None:
+    from benchmarks.learning_sweep import parse_args, stage_settings
+
+    args = parse_args([])
+    done = rows((DEFAULTS["ours"], 0.5))
+    assert stage_settings(args, "first", done, "sums") == first_stage()
+    assert stage_settings(args, "second", done, "sums") == [Setting("ours", 1e-5, 1.0)]
+    whole = parse_args(["--full-grid", "--ours-lrs", "1e-5", "--trl-lrs", "1e-6"])
+    assert whole.full_grid and len(stage_settings(whole, "whole grid", done, "sums")) == 6
 
 
 def test_the_grid_takes_the_sweeps_choice_and_trl_at_its_defaults_beside_it(
