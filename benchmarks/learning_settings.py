@@ -13,7 +13,7 @@ other temperature at each one's best rate), or the whole cross with ``sweep_grid
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -102,8 +102,12 @@ def sweep_grid(
     """
     ours = [Setting("ours", lr, t) for lr in ours_lrs for t in temperatures]
     trl = [Setting("trl", lr, t, k) for k in KNOBS for lr in trl_lrs for t in temperatures]
-    settings = sorted(ours, key=lambda s: not s.is_default)
-    return settings + sorted(trl, key=lambda s: not s.is_default)
+    return defaults_first(ours) + defaults_first(trl)
+
+
+def defaults_first(settings: list[Setting]) -> list[Setting]:
+    """``settings`` with the system's default first (so an interrupted sweep has it)."""
+    return sorted(settings, key=lambda s: not s.is_default)
 
 
 def first_stage(
@@ -117,10 +121,6 @@ def first_stage(
     """
     ours = [Setting("ours", lr, OURS_TEMPERATURE) for lr in ours_lrs]
     trl = [Setting("trl", lr, TRL_TEMPERATURE, k) for k in KNOBS for lr in trl_lrs]
-
-    def defaults_first(settings: list[Setting]) -> list[Setting]:
-        return sorted(settings, key=lambda s: not s.is_default)
-
     return defaults_first(ours) + defaults_first(trl)
 
 
@@ -129,19 +129,15 @@ def second_stage(
 ) -> list[Setting]:
     """The second stage: the other temperatures at the best first-stage learning rate of each
     system and set of knobs (best validation strict; ties: the default, else the first)."""
-    best: dict[tuple[str, str], tuple[float, bool, Setting]] = {}
-    for row in rows:
-        setting = setting_of(row)
-        own = OURS_TEMPERATURE if setting.system == "ours" else TRL_TEMPERATURE
-        if row["task"] != task or setting.temperature != own:
-            continue
-        rank = (float(row["validation"]["strict"]), setting.is_default)
-        held = best.get((setting.system, setting.knobs))
-        if held is None or rank > held[:2]:
-            best[(setting.system, setting.knobs)] = (*rank, setting)
+
+    def at_own_temperature(setting: Setting) -> tuple[str, str] | None:
+        if setting.temperature != DEFAULTS[setting.system].temperature:
+            return None
+        return setting.system, setting.knobs
+
     return [
         Setting(s.system, s.lr, t, s.knobs)
-        for _, _, s in best.values()
+        for s in best_of(rows, task, at_own_temperature).values()
         for t in temperatures
         if t != s.temperature
     ]
@@ -174,16 +170,25 @@ def row_for(setting: Setting, task: str, seed: int, minutes: float, **figures: A
 def chosen(rows: Iterable[dict[str, Any]], task: str) -> dict[str, Setting]:
     """Per system, the setting with the best validation strict accuracy on ``task`` (ties:
     the system's default, else the first of them in the sweep's order)."""
-    best: dict[str, tuple[float, bool, Setting]] = {}
+    return best_of(rows, task, lambda setting: setting.system)
+
+
+def best_of(
+    rows: Iterable[dict[str, Any]], task: str, group: Callable[[Setting], Hashable | None]
+) -> dict[Any, Setting]:
+    """Per ``group`` of the settings run on ``task`` (None: left out), the one with the best
+    validation strict accuracy (ties: the default, else the first in the sweep's order)."""
+    best: dict[Any, tuple[float, bool, Setting]] = {}
     for row in rows:
-        if row["task"] != task:
-            continue
         setting = setting_of(row)
+        key = group(setting) if row["task"] == task else None
+        if key is None:
+            continue
         rank = (float(row["validation"]["strict"]), setting.is_default)
-        held = best.get(setting.system)
+        held = best.get(key)
         if held is None or rank > held[:2]:
-            best[setting.system] = (*rank, setting)
-    return {system: setting for system, (_, _, setting) in best.items()}
+            best[key] = (*rank, setting)
+    return {key: setting for key, (_, _, setting) in best.items()}
 
 
 def settings_for(path: Path | None, task: str) -> dict[str, Setting]:

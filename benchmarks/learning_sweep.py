@@ -107,8 +107,9 @@ def sweep_task(args: argparse.Namespace, name: str, base_model: Path) -> None:
     base_dir = args.run_root / f"{name}-seed{args.seed}"
     base = evaluate(task, None, base_model, base_dir / "eval", args.eval_threads, "validation")
     for stage in ("whole grid",) if args.full_grid else ("first", "second"):
-        settings = stage_settings(args, stage, finished_rows(args, path, name), name)
-        done = {row["key"] for row in finished_rows(args, path, name)}
+        rows = finished_rows(args, path, name)
+        settings = stage_settings(args, stage, rows, name)
+        done = {row["key"] for row in rows}
         todo = [s for s in settings if s.key not in done]
         print(f"[{name}] {stage} stage: {len(settings) - len(todo)} of {len(settings)} settings "
               f"done; {len(todo)} to run, {args.minutes:g} min each", flush=True)  # fmt: skip
