@@ -268,8 +268,10 @@ def served_greedy_answers(
     on) serving the folder, ``env.py evaluate`` against it. -> the ``samples.jsonl`` rows
     (``problem``, ``response``, ``strict``, ``lenient``, ``formatted`` ...) in held-out order.
     Raises ``NotHealthyError`` naming the log if the server cannot serve the folder."""
-    from atroposlib.localrun.settings import LocalRunSettings
+    from atroposlib.localrun.settings import LocalRunSettings, take_env_config_budget
 
+    run_settings = LocalRunSettings(env_config=task.env_config)
+    take_env_config_budget(run_settings)
     problems = task.problems(split)
     size = len(problems) if eval_size is None else eval_size
     # Every problem in one batch: same replies, 1.2-1.35x faster on sums than the server's
@@ -277,7 +279,7 @@ def served_greedy_answers(
     batch = str(min(size, ONE_BATCH_MAX))
     served_evaluation(
         model_dir, task.env_config, out_dir, eval_size=size, threads=threads,
-        max_token_length=LocalRunSettings().max_token_len, server_flags=["--max-batch-size", batch],
+        max_token_length=run_settings.max_token_len, server_flags=["--max-batch-size", batch],
         env_flags=["--openai.num_requests_for_eval", batch, *task.env_flags(split)],
         startup_s=startup_s,
     )  # fmt: skip

@@ -35,7 +35,7 @@ from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.keys import WITHHELD, RunKeys
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.periodic import RunWatch
-from atroposlib.localrun.settings import LocalRunSettings, resolve
+from atroposlib.localrun.settings import LocalRunSettings, resolve, take_env_config_budget
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 
 PROG = "atropos-local"
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             exit_with_error(PROG, f"{flag}: {path} does not exist")
     try:
+        take_env_config_budget(settings)
         INFERENCE[settings.inference].check()
     except ConfigError as exc:
         exit_with_error(PROG, str(exc))

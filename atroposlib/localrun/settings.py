@@ -6,12 +6,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from atroposlib.errors import ConfigError
 from atroposlib.localrun.precision import RunPrecision, resolve_precision
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SHORTEST_BUDGET = 16
+"""``max_token_len`` must be over this many tokens."""
 
 
 class LocalRunSettings(BaseSettings):
@@ -55,7 +59,12 @@ class LocalRunSettings(BaseSettings):
     )
     batch_size: int = Field(default=16, gt=0, description="Sequences per trainer step.")
     group_size: int = Field(default=4, gt=1, description="Completions per prompt.")
-    max_token_len: int = Field(default=256, gt=16, description="Longest trained sequence.")
+    max_token_len: int = Field(
+        default=256,
+        gt=SHORTEST_BUDGET,
+        description="Longest trained sequence, prompt and reply; a group with a longer one is "
+        "never sent (default: the env config's env.max_token_length when it has one, else 256).",
+    )
     lr: float = Field(default=1e-5, gt=0, description="Trainer learning rate.")
     eval_size: int = Field(
         default=200,
@@ -176,3 +185,26 @@ def resolve(path: Path) -> Path:
     if path.is_absolute() or path.exists():
         return path.resolve()
     return REPO_ROOT / path
+
+
+def take_env_config_budget(settings: LocalRunSettings) -> None:
+    """Set ``max_token_len`` from the env config's ``env.max_token_length`` unless the command
+    line or ``ATROPOS_LOCAL_MAX_TOKEN_LEN`` gave it: a task whose prompts carry worked examples
+    states the budget it needs once, in its config, for ``env.py serve`` and this command alike.
+    Raises ConfigError naming the file when the value cannot be a budget."""
+    if "max_token_len" in settings.model_fields_set:
+        return
+    try:
+        document = yaml.safe_load(settings.env_config.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{settings.env_config}: not valid YAML ({exc})") from exc
+    env_section = document.get("env") if isinstance(document, dict) else None
+    budget = env_section.get("max_token_length") if isinstance(env_section, dict) else None
+    if budget is None:
+        return  # a config without an env: mapping is the env's to refuse, naming its fields
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= SHORTEST_BUDGET:
+        raise ConfigError(
+            f"{settings.env_config}: env.max_token_length is {budget!r}; give a whole number "
+            f"of tokens over {SHORTEST_BUDGET} (prompt and reply), or pass --max-token-len"
+        )
+    settings.max_token_len = budget
