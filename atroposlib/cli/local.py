@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from rich.console import Console
 from rich.markup import escape
 
@@ -35,7 +34,12 @@ from atroposlib.localrun.inference import INFERENCE
 from atroposlib.localrun.keys import WITHHELD, RunKeys
 from atroposlib.localrun.panel import Display, LivePanel, PlainLines, StatusPoller
 from atroposlib.localrun.periodic import RunWatch
-from atroposlib.localrun.settings import LocalRunSettings, resolve, take_env_config_budget
+from atroposlib.localrun.settings import (
+    LocalRunSettings,
+    env_section,
+    resolve,
+    take_env_config_budget,
+)
 from atroposlib.utils.cli import exit_with_error, parse_command_line
 
 PROG = "atropos-local"
@@ -245,12 +249,11 @@ def _write_report(
     started_at: float,
     held_out: dict[str, Any],
 ) -> None:
-    env_config = yaml.safe_load(settings.env_config.read_text()) or {}
-    env_section = env_config.get("env") or {}
+    env = env_section(settings.env_config)
     rows = report.rewards_by_step(
         layout.rollouts_file,
-        float(env_section.get("format_weight", 0.0)),
-        bool(env_section.get("partial_format", False)),
+        float(env.get("format_weight", 0.0)),
+        bool(env.get("partial_format", False)),
     )
     comparison = report.compare_evals(
         layout.eval_dir("before"), layout.eval_dir("after"), layout.rollouts_file

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, model_validator
@@ -194,17 +194,23 @@ def take_env_config_budget(settings: LocalRunSettings) -> None:
     Raises ConfigError naming the file when the value cannot be a budget."""
     if "max_token_len" in settings.model_fields_set:
         return
-    try:
-        document = yaml.safe_load(settings.env_config.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{settings.env_config}: not valid YAML ({exc})") from exc
-    env_section = document.get("env") if isinstance(document, dict) else None
-    budget = env_section.get("max_token_length") if isinstance(env_section, dict) else None
+    budget = env_section(settings.env_config).get("max_token_length")
     if budget is None:
-        return  # a config without an env: mapping is the env's to refuse, naming its fields
+        return
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= SHORTEST_BUDGET:
         raise ConfigError(
             f"{settings.env_config}: env.max_token_length is {budget!r}; give a whole number "
             f"of tokens over {SHORTEST_BUDGET} (prompt and reply), or pass --max-token-len"
         )
     settings.max_token_len = budget
+
+
+def env_section(env_config: Path) -> dict[str, Any]:
+    """The ``env:`` mapping of an env config ({} where it has none: a config without one is the
+    env's to refuse, naming its fields). Raises ConfigError naming the file if it is not YAML."""
+    try:
+        document = yaml.safe_load(env_config.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{env_config}: not valid YAML ({exc})") from exc
+    section = document.get("env") if isinstance(document, dict) else None
+    return section if isinstance(section, dict) else {}
