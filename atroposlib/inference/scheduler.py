@@ -184,8 +184,8 @@ class Scheduler:
             except Exception as error:  # a failed step fails its jobs, not the server
                 logger.exception("generation step failed")
                 self._fail_batch(error, admitted)
-            self._answer_drained()
             self._record_stats()
+            self._answer_drained()
         self._shut_down()
 
     def _next_commands(self) -> list[commands.Command] | None:
@@ -223,6 +223,7 @@ class Scheduler:
             self._pause(command)
         elif isinstance(command, commands.Resume):
             self._paused = None
+            self._record_stats()
             command.done(None)
         elif isinstance(command, commands.Install):
             self._install_tensors(command)
@@ -237,6 +238,7 @@ class Scheduler:
         if command.mode == "wait":
             self._drain_waiters.append(command.done)  # answered once no started row is left
         else:
+            self._record_stats()  # whoever awaited the pause reads stats that show it
             command.done(None)
         logger.info("generation paused (%s)", command.mode)
 

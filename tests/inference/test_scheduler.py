@@ -291,6 +291,7 @@ async def test_abort_answers_every_request_with_what_it_has(
     reasons = [u.finish_reason async for batch in streamed.updates() for u in batch]
     assert reasons == ["abort"]
     assert sched.stats.aborted_sequences == 7
+    assert sched.stats.paused == "abort"
     late = sched.submit(rows(1, 2))
     await asyncio.sleep(0.05)
     assert not late.settled
