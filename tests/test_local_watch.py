@@ -23,6 +23,7 @@ from atroposlib.localrun.watch import (
     best_snapshot,
     dropped_groups_warning,
     failing_groups,
+    over_budget_warning,
 )
 
 
@@ -96,6 +97,39 @@ def test_group_flags_read_only_complete_lines(tmp_path: Path) -> None:
         handle.write('res": [0, 0], "dropped": "all equal"}\n')
     assert flags.read() == [(False, 0.5), (True, 1.0), (True, 0.0)]
     assert failing_groups(flags.read()) == [False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("longest", "expected"),
+    [
+        ([], None),
+        ([0] * 50, None),
+        ([0] * 39 + [274], "1 of the last 40 groups were not sent: a sequence of up to 274"),
+        ([300] + [0] * 40, None),  # long ago: out of the latest 40
+        ([274, 300], "2 of the last 2 groups were not sent: a sequence of up to 300 tokens"),
+    ],
+)
+def test_over_budget_warning_names_the_longest_sequence_and_the_fix(
+    longest: list[int], expected: str | None
+) -> None:
+    warning = over_budget_warning(longest, budget=256)
+    if expected is None:
+        assert warning is None
+    else:
+        assert warning is not None and warning.startswith(expected)
+        assert "over max_token_len 256" in warning and "--max-token-len" in warning
+
+
+def test_a_group_over_the_budget_is_no_dropped_group_but_its_longest_sequence_is_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    too_long = {"scores": [1, 0], "tokens": [[1] * 5, [1] * 9],
+                "dropped": "a sequence has 9 tokens, over max_token_len 8"}  # fmt: skip
+    path.write_text(json.dumps(too_long) + '\n{"scores": [1, 1], "dropped": "all equal"}\n')
+    flags = GroupFlags(path)
+    assert flags.read() == [(False, 0.5), (True, 1.0)]
+    assert flags.over_budget == [9, 0]
 
 
 def test_groups_dropped_because_the_task_is_solved_do_not_warn() -> None:
@@ -269,6 +303,40 @@ def test_a_dropped_groups_warning_is_raised_once_while_its_share_moves(tmp_path:
     assert shown[-1] == [raised[0]["warning"]]  # kept as raised, not re-worded per group
     assert cleared == []
     assert len(watch.warnings_raised) == 2
+
+
+def test_a_run_whose_groups_are_too_long_says_so_and_stops_saying_it_once_they_fit(
+    tmp_path: Path,
+) -> None:
+    layout = RunLayout(tmp_path, "base-model", 1, 2)
+    http = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    poller = StatusPoller(layout, http)
+
+    def write(longest: int, count: int) -> None:
+        reason = f"a sequence has {longest} tokens, over max_token_len 256"
+        group = {"scores": [1, 0], "tokens": [[1] * longest, [1] * 10]}
+        with layout.rollouts_file.open("a") as out:
+            for _ in range(count):
+                out.write(json.dumps({**group, **({"dropped": reason} if longest > 256 else {})}))
+                out.write("\n")
+
+    with Supervisor(tmp_path, http=http) as supervisor:
+        watch = RunWatch(LocalRunSettings(max_token_len=256), layout, supervisor, poller)
+        watch.tick()
+        assert poller.status.warnings == []
+        write(274, 1)  # the first group of a task whose prompts outgrow the budget
+        watch.tick()
+        raised = list(poller.status.warnings)
+        write(274, 5)
+        watch.tick()
+        kept = list(poller.status.warnings)
+        write(200, 40)  # the budget raised: they fit
+        watch.tick()
+    assert len(raised) == 1 and raised[0].startswith("1 of the last 1 groups were not sent")
+    assert "274 tokens, over max_token_len 256" in raised[0]
+    assert kept == raised and len(watch.warnings_raised) == 1
+    assert poller.status.warnings == []
+    assert watch.summary()["warnings_raised"][0]["warning"] == raised[0]
 
 
 def test_an_evaluation_of_the_final_weights_during_training_is_the_one_after(

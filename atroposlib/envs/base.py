@@ -29,6 +29,7 @@ from atroposlib.envs.groups import (
     group_from_items,
     group_rejection_reason,
     is_no_signal,
+    is_over_budget,
 )
 from atroposlib.envs.optional_fields import RepairNotices, repair_optional_fields
 from atroposlib.envs.rollouts import TokenSampler
@@ -394,9 +395,10 @@ class BaseEnv(ABC):
     ) -> list[dict[str, Any]]:
         """Roll out ``item`` and return the groups fit to send; failures are logged and counted
         (``last_failure`` says why, ``last_rollout_raised`` whether it was an exception; both
-        set just before returning: safe with concurrent items). Groups left out only because
-        their scores are all equal go to ``dropped``, when given, with the reason in
-        ``"dropped"`` (``serve`` writes them to its group file so the dump stays complete)."""
+        set just before returning: safe with concurrent items). Well-formed groups left out
+        because their scores are all equal or a sequence is over ``max_token_len`` go to
+        ``dropped``, when given, with the reason in ``"dropped"`` (``serve`` writes them to
+        its group file so the dump stays complete)."""
         started = time.perf_counter()
         failure: str | None = None
         raised = False
@@ -450,8 +452,9 @@ class BaseEnv(ABC):
         wire form, with Atropos's keys; each rejection (a malformed group included) is logged
         with its reason and the item, counted, and skipped. ``max_token_len=-1`` (``process``)
         accepts any length and groups with nothing to train, as Atropos wrote them.
-        ``dropped`` (when given) receives the wire form of each group rejected only for
-        ``ensure_scores_are_not_same``, its reason under ``"dropped"``."""
+        ``dropped`` (when given) receives the wire form of each well-formed group rejected
+        for ``ensure_scores_are_not_same`` or a sequence over the token budget, its reason
+        under ``"dropped"``."""
         if trajectories is None:
             return []
         if isinstance(trajectories, dict | ScoredData):
@@ -467,8 +470,12 @@ class BaseEnv(ABC):
                 continue
             payload, reason = self._checked(candidate, limit, require_trained=max_token_len != -1)
             if reason is not None:
-                if payload is not None and dropped is not None and is_no_signal(reason):
+                quiet = False  # a group without signal is routine; one too long is news
+                dumped = is_no_signal(reason) or is_over_budget(reason)
+                if payload is not None and dropped is not None and dumped:
                     dropped.append({**payload, "dropped": reason})
+                    quiet = is_no_signal(reason)
+                if quiet:
                     logger.debug("group dropped: %s", reason)
                 else:
                     logger.warning("group not sent: %s (item: %.300r)", reason, item)

@@ -104,6 +104,16 @@ def is_no_signal(reason: str) -> bool:
     return reason.endswith(NO_SIGNAL)
 
 
+OVER_BUDGET = "over max_token_len"
+
+
+def is_over_budget(reason: str) -> bool:
+    """Whether ``reason`` (of :func:`group_rejection_reason`) is a sequence longer than the
+    trainer's token budget: a well-formed group the run could not use, kept in a dump so a
+    run that sends nothing shows why."""
+    return OVER_BUDGET in reason
+
+
 def group_rejection_reason(
     group: ScoredData,
     *,
@@ -133,7 +143,7 @@ def group_rejection_reason(
     if max_token_len > 0:
         longest = max((len(seq) for seq in group.tokens), default=0)
         if longest > max_token_len:
-            return f"a sequence has {longest} tokens, over max_token_len {max_token_len}"
+            return f"a sequence has {longest} tokens, {OVER_BUDGET} {max_token_len}"
     if require_trained_tokens and all(
         all(m == MASK_IGNORE_INDEX for m in row) for row in group.masks
     ):

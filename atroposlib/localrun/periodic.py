@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from atroposlib.envs.groups import is_over_budget
 from atroposlib.launcher import Supervisor
 from atroposlib.localrun import components
 from atroposlib.localrun.layout import RunLayout
@@ -35,6 +36,7 @@ from atroposlib.localrun.watch import (
     best_snapshot,
     dropped_groups_warning,
     failing_groups,
+    over_budget_warning,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,11 +53,14 @@ class _Pending:
 
 
 class GroupFlags:
-    """Per group the env wrote to ``rollouts.jsonl``: (dropped?, mean reward)."""
+    """Per group the env wrote to ``rollouts.jsonl``: (dropped without signal?, mean reward),
+    and in ``over_budget`` its longest sequence when it was not sent for being too long
+    (else 0)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.groups: list[tuple[bool, float]] = []
+        self.over_budget: list[int] = []
         self._offset = 0
 
     def read(self) -> list[tuple[bool, float]]:
@@ -66,12 +71,20 @@ class GroupFlags:
             if complete:
                 self._offset += len(complete) + 1
                 lines = [json.loads(line) for line in complete.split(b"\n") if line.strip()]
-                self.groups += [(bool(g.get("dropped")), _mean(g.get("scores"))) for g in lines]
+                for group in lines:
+                    too_long = is_over_budget(str(group.get("dropped") or ""))
+                    no_signal = bool(group.get("dropped")) and not too_long
+                    self.groups.append((no_signal, _mean(group.get("scores"))))
+                    self.over_budget.append(_longest(group.get("tokens")) if too_long else 0)
         return self.groups
 
 
 def _mean(scores: Any) -> float:
     return sum(scores) / len(scores) if scores else 0.0
+
+
+def _longest(tokens: Any) -> int:
+    return max((len(seq) for seq in tokens or []), default=0)
 
 
 class RunWatch:
@@ -226,10 +239,12 @@ class RunWatch:
         """Each kind of warning is raised (logged, recorded) when it starts and kept as raised
         while it holds: the dropped share moves with every group, which is no news. A new
         held-out snapshot that still warns is news."""
+        settings = self.settings
         dropped = failing_groups(self.groups.read())
         fresh = {
-            "held_out": accuracy_warning(self.snapshots, self.settings.eval_drop_warning),
-            "dropped_groups": dropped_groups_warning(dropped, self.settings.dropped_groups_warning),
+            "held_out": accuracy_warning(self.snapshots, settings.eval_drop_warning),
+            "dropped_groups": dropped_groups_warning(dropped, settings.dropped_groups_warning),
+            "over_budget": over_budget_warning(self.groups.over_budget, settings.max_token_len),
         }
         for kind, text in fresh.items():
             if text is None:

@@ -1,4 +1,4 @@
-"""Is the run going wrong? Held-out snapshots, the best one, and the two warnings.
+"""Is the run going wrong? Held-out snapshots, the best one, and the three warnings.
 
 A sampled training reward can rise while the policy collapses (issue 35: a reply reduced to
 the format alone, 9 % held-out strict falling to 0.5 %). Two signs show it while the run goes:
@@ -7,7 +7,9 @@ the format alone, 9 % held-out strict falling to 0.5 %). Two signs show it while
 - almost every group dropped as uninformative, all its rewards equal and below the best
   reward seen, far more than at the start (``dropped_groups_warning``): the policy answers
   every prompt alike and not well, and each step needs many more groups. Groups dropped
-  with the best reward (the task solved) do not count (``failing_groups``).
+  with the best reward (the task solved) do not count (``failing_groups``);
+- groups not sent because a sequence is longer than the token budget (``over_budget_warning``):
+  a task whose prompts outgrow ``max_token_len`` otherwise trains on nothing, and silently.
 
 Everything here is a pure function of what the run recorded, so it is tested as a table.
 """
@@ -102,4 +104,21 @@ def dropped_groups_warning(
         f"(all rewards equal, below the best seen), {100 * first:.0f} % of the first {window}: "
         "the policy answers every prompt alike and not well (collapsed?) and each step needs "
         "many more groups"
+    )
+
+
+def over_budget_warning(
+    longest: Sequence[int], budget: int, window: int = DROPPED_WINDOW
+) -> str | None:
+    """A warning when any of the latest ``window`` groups was not sent for a sequence over
+    the token budget (``longest``: per group in the order the env wrote them, its longest
+    sequence when that was over ``budget``, else 0)."""
+    latest = longest[-window:]
+    over = [tokens for tokens in latest if tokens]
+    if not over:
+        return None
+    return (
+        f"{len(over)} of the last {len(latest)} groups were not sent: a sequence of up to "
+        f"{max(over)} tokens, over max_token_len {budget} (prompt and reply); raise "
+        "--max-token-len or the env config's env.max_token_length"
     )

@@ -70,6 +70,23 @@ async def test_rollouts_are_stacked_into_a_group_and_checked() -> None:
     assert env.backlog == ["extra"], "backlog items returned by collect_trajectory are kept"
 
 
+async def test_a_group_over_the_token_budget_goes_to_the_dump_with_its_reason_and_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = make_env()
+    env.max_token_len = 8  # the trainer's budget, as the broker's registration answers it
+    env.next_rollouts = [rollout(4, 1.0), rollout(9, 0.0)]
+    dropped: list[dict[str, Any]] = []
+    with caplog.at_level(logging.WARNING, logger="atroposlib.envs.base"):
+        assert await env.run_item(1, dropped=dropped) == []
+    [group] = dropped
+    assert group["dropped"] == "a sequence has 9 tokens, over max_token_len 8"
+    assert [len(tokens) for tokens in group["tokens"]] == [4, 9]
+    assert "group not sent: a sequence has 9 tokens" in caplog.text
+    env.next_rollouts = [rollout(4, 1.0), rollout(4, 1.0, mask_length=3)]  # malformed
+    assert await env.run_item(1, dropped=dropped) == [] and len(dropped) == 1
+
+
 class NoClient:
     async def post_groups(self, groups: Any) -> None:
         raise AssertionError("not used")
