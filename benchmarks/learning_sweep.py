@@ -195,9 +195,16 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     for task in tasks:
         picks = chosen(rows, task)
         lines.append(f"{task}: chosen " + "; ".join(
-            f"{system} {setting.key}{' (its default)' if setting.is_default else ''}"
-            for system, setting in sorted(picks.items())))  # fmt: skip
+            _choice(setting) for _, setting in sorted(picks.items())))  # fmt: skip
     return "\n".join(lines)
+
+
+def _choice(setting: Setting) -> str:
+    """E.g. ``trl at ours' knobs lr=1e-05 T=1``; ours always runs at its own knobs."""
+    knobs = "" if setting.system == "ours" else (
+        " at its default knobs" if setting.knobs == "defaults" else " at ours' knobs")  # fmt: skip
+    default = " (its default)" if setting.is_default else ""
+    return f"{setting.system}{knobs} lr={setting.lr:g} T={setting.temperature:g}{default}"
 
 
 def main(argv: list[str] | None = None) -> int:

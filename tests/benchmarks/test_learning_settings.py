@@ -134,7 +134,8 @@ def test_the_sweep_table_names_each_systems_choice(tmp_path: Path) -> None:
              row_for(DEFAULTS["trl"], "sums", 0, 10.0, **figures)]  # fmt: skip
     table = sweep_table([json.loads(line) for line in lines])
     assert "| sums | ours | ours | 1e-05 | 0.7 | 30 | 50.0 % | 50.0 % | 100.0 % |" in table
-    assert "sums: chosen ours ours ours lr=1e-05 T=0.7 (its default)" in table
+    assert ("sums: chosen ours lr=1e-05 T=0.7 (its default); "
+            "trl at its default knobs lr=1e-06 T=1 (its default)") in table  # fmt: skip
     (tmp_path / "sweep.jsonl").write_text("".join(lines))
     assert main(["--table-only", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "sweep.txt").read_text() == table + "\n"
