@@ -7,9 +7,11 @@ the format alone, 9 % held-out strict falling to 0.5 %). Two signs show it while
 - almost every group dropped as uninformative, all its rewards equal and below the best
   reward seen, far more than at the start (``dropped_groups_warning``): the policy answers
   every prompt alike and not well, and each step needs many more groups. Groups dropped
-  with the best reward (the task solved) do not count (``failing_groups``);
-- groups not sent because a sequence is longer than the token budget (``over_budget_warning``):
-  a task whose prompts outgrow ``max_token_len`` otherwise trains on nothing, and silently.
+  with the best reward (the task solved) do not count (``failing_groups``).
+
+A third warning is of a run that cannot train at all: groups not sent because a sequence is
+longer than the token budget (``over_budget_warning``); a task whose prompts outgrow
+``max_token_len`` would otherwise train on nothing, silently.
 
 Everything here is a pure function of what the run recorded, so it is tested as a table.
 """
