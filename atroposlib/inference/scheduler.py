@@ -223,13 +223,12 @@ class Scheduler:
             self._pause(command)
         elif isinstance(command, commands.Resume):
             self._paused = None
-            self._record_stats()
-            command.done(None)
+            self._answer(command.done)
         elif isinstance(command, commands.Install):
             self._install_tensors(command)
         else:
             self._preempt_all()
-            command.done(None)
+            self._answer(command.done)
 
     def _pause(self, command: commands.Pause) -> None:
         self._paused = command.mode
@@ -238,9 +237,14 @@ class Scheduler:
         if command.mode == "wait":
             self._drain_waiters.append(command.done)  # answered once no started row is left
         else:
-            self._record_stats()  # whoever awaited the pause reads stats that show it
-            command.done(None)
+            self._answer(command.done)
         logger.info("generation paused (%s)", command.mode)
+
+    def _answer(self, done: commands.Done) -> None:
+        """Answer a command that changed the scheduler's state once the stats show the change:
+        whoever awaited it may read them next (the turn's own record comes later)."""
+        self._record_stats()
+        done(None)
 
     def _answer_drained(self) -> None:
         if self._drain_waiters and not self._has_started_rows():
