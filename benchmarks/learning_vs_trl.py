@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.cli.local import parse_settings
 from atroposlib.localrun import report
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
+from atroposlib.localrun.precision import CPUINFO, cpu_flags
 from atroposlib.utils.test_model import ensure_test_model
 from benchmarks.learning_pool import pooled_table
 from benchmarks.learning_settings import DEFAULTS, Setting, settings_for
@@ -423,10 +424,29 @@ def train_system(
     }
 
 
-def machine_line() -> str:
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The flags that set a CPU's matmul speed here: a cell's step counts are comparable only
+between machines that share them."""
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def machine_line(cpuinfo: Path = CPUINFO) -> str:
     cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    flags = cpu_flags(cpuinfo)
+    simd = ", ".join(f"{'with' if f in flags else 'without'} {f}" for f in SIMD_FLAGS)
     return (
-        f"{platform.node()}: {cpus} CPUs, {platform.platform()}, Python {platform.python_version()}"
+        f"{platform.node()}: {cpus} CPUs, {cpu_model(cpuinfo)} ({simd}), {platform.platform()}, "
+        f"Python {platform.python_version()}"
     )
 
 

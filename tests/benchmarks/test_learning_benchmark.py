@@ -247,6 +247,16 @@ def test_a_run_folder_resumes_only_with_the_settings_it_was_started_with(tmp_pat
     assert json.loads((tmp_path / "invocation.json").read_text())["minutes"] == 10.0
 
 
+def test_the_machine_line_names_the_cpu_and_the_flags_that_set_its_speed(tmp_path: Path) -> None:
+    from benchmarks.learning_vs_trl import machine_line
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n")
+    simd = "with avx2, without avx512f, without avx512_bf16, without amx_bf16"
+    assert f"AMD EPYC 7B13 ({simd})" in machine_line(cpuinfo)
+    assert "CPUs" in machine_line(tmp_path / "missing")  # not Linux: still a line, no error
+
+
 def test_a_finished_task_is_published_with_what_the_pool_reads(tmp_path: Path) -> None:
     from benchmarks.learning_pool import load_summaries
     from benchmarks.learning_vs_trl import publish
