@@ -38,9 +38,17 @@ _VLLM_TESTS: set[str] = set()
 parameter or name is "vllm")."""
 
 
+VLLM_PROPERTY = ("tier", "vllm")
+"""Put on every ``vllm`` test's report: under pytest-xdist the summary is written by the
+controller, which never collects, so it knows a test's tier only from its report."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects any
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    _VLLM_TESTS.update(item.nodeid for item in items if item.get_closest_marker("vllm"))
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            _VLLM_TESTS.add(item.nodeid)
+            item.user_properties.append(VLLM_PROPERTY)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
@@ -49,7 +57,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
     for key in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(key, []):
             counted = report.when == "call" or (key != "passed" and report.when == "setup")
-            if counted and report.nodeid in _VLLM_TESTS:
+            vllm = report.nodeid in _VLLM_TESTS or any(
+                tuple(p) == VLLM_PROPERTY for p in report.user_properties
+            )
+            if counted and vllm:
                 outcomes[key] = outcomes.get(key, 0) + 1
     deselected = [
         r for r in terminalreporter.stats.get("deselected", []) if r.nodeid in _VLLM_TESTS

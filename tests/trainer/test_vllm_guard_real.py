@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.vllm_testlib import VllmServer, model_path
+from tests.vllm_testlib import NO_COMPILE, VllmServer, model_path
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -23,8 +23,8 @@ GUARD = "atroposlib.vllm_plugin.guard.VllmGuard"
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     env = {"VLLM_SERVER_DEV_MODE": "1", "ATROPOS_API_KEY": KEY}
-    with VllmServer(model_path(), log, extra_args=["--middleware", GUARD], extra_env=env,
-                    attach=False) as server:  # fmt: skip
+    with VllmServer(model_path(), log, extra_args=["--middleware", GUARD, *NO_COMPILE],
+                    extra_env=env, attach=False) as server:  # fmt: skip
         yield server
 
 

@@ -19,7 +19,13 @@ from vllm_sync_testlib import greedy, hf_greedy, load_model, perturb
 from example_trainer.checkpoint import save_weights
 from example_trainer.weight_sync import LoraHotLoad, VllmRestart
 from tests.fakes import free_port
-from tests.vllm_testlib import STARTUP_TIMEOUT_S, model_path, vllm_command, vllm_environment
+from tests.vllm_testlib import (
+    NO_COMPILE,
+    STARTUP_TIMEOUT_S,
+    model_path,
+    vllm_command,
+    vllm_environment,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -28,7 +34,7 @@ SERVED = "base"
 
 @pytest.fixture(scope="module")
 def restartable() -> Iterator[VllmRestart]:
-    lora = ["--served-model-name", SERVED, "--enable-lora", "--max-lora-rank", "8"]
+    lora = ["--served-model-name", SERVED, "--enable-lora", "--max-lora-rank", "8", *NO_COMPILE]
     template = vllm_command("{model}", 0, extra_args=lora)
     template[template.index("--port") + 1] = "{port}"
     env = vllm_environment({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
