@@ -11,6 +11,7 @@ import pytest
 from atroposlib.localrun.bootstrap import bootstrap_mean
 from benchmarks.learning_pool import (
     hierarchical_bootstrap,
+    issue35_target_lines,
     load_summaries,
     main,
     minutes_to_reach,
@@ -112,12 +113,12 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path: Path) -> None:
     assert main([str(tmp_path / "empty")]) == 1
 
 
-def test_the_targets_are_judged_per_task_with_their_figures(tmp_path: Path) -> None:
+def test_issue_35s_targets_are_judged_per_task_with_their_figures(tmp_path: Path) -> None:
     rows = [
         seed_row(write_run(tmp_path / "a", "sums", 0, ours_right=12, trl_right=6)),
         seed_row(write_run(tmp_path / "b", "sums", 1, ours_right=10, trl_right=10)),
     ]
-    lines = target_lines(rows)
+    lines = issue35_target_lines(rows)
     assert lines[0].startswith("ours ends within 5 points of its best snapshot: met")
     # two seeds that disagree (+30, +0): resampling seeds, the interval reaches 0
     assert lines[1] == "pooled ours - TRL >= +10, interval above 0: MISSED (+15.0 [+0.0, +40.0])"
@@ -129,7 +130,37 @@ def test_the_targets_are_judged_per_task_with_their_figures(tmp_path: Path) -> N
     assert "MISSED" in lines[3]
     falling = write_run(tmp_path / "c", "sums", 2, ours_right=10, trl_right=4)
     falling["systems"]["ours"]["curve"][0]["strict"] = 0.9  # best 90 %, ends at 50 %
-    assert "MISSED (falls seed 2 40.0)" in target_lines([seed_row(falling)])[0]
+    assert "MISSED (falls seed 2 40.0)" in issue35_target_lines([seed_row(falling)])[0]
+
+
+def test_issue_46s_targets_are_judged_per_task_and_over_the_grid(tmp_path: Path) -> None:
+    def independent(folder: str, task: str, seed: int, ours: int, trl: int) -> dict:
+        summary = write_run(tmp_path / folder, task, seed, ours_right=ours, trl_right=trl)
+        return {**summary, "seeds": {"train": seed, "test": 1000 + seed}}
+
+    summaries = [
+        independent("a", "sums", 0, 12, 6),  # +30
+        independent("b", "sums", 1, 14, 8),  # +30
+        independent("a", "three_sums", 0, 10, 10),  # +0
+        independent("a", "family", 0, 9, 6),  # +15 on one seed
+    ]
+    rows = [seed_row(s) for s in summaries]
+    sums = target_lines(rows[:2])
+    assert sums[0].startswith("ours ahead, interval above 0: met (+30.0 [+")
+    assert sums[0].endswith("], resampling seeds, then problems)")
+    assert sums[1].startswith("ours - TRL >= +5: met (+30.0 [+")
+    assert sums[2].startswith("ours ends within 5 points of its best snapshot: met")
+    level = target_lines(rows[2:3])
+    assert level[0].startswith("ours ahead, interval above 0: MISSED (+0.0 [+0.0, +0.0]")
+    assert "seed 0's problems only" in level[0]
+    assert level[1].startswith("ours - TRL >= +5: MISSED")
+    table = pooled_table(summaries, "test")
+    assert "  ours - TRL >= +5 on every seed" not in table  # issue 35's targets are not judged
+    ahead = "grid: ours ahead with the interval above 0 on every task: MISSED"
+    assert f"{ahead} (not on three_sums, family)" in table
+    assert "grid: ours - TRL >= +5 on at least two tasks: met (sums, family)" in table
+    assert "grid: no run of ours ends more than 5 points below its best snapshot: met" in table
+    assert "(largest fall 0.0 of 4 runs)" in table
 
 
 def test_a_published_folder_pools_wherever_it_lies_and_the_gaps_are_named(tmp_path: Path) -> None:
