@@ -33,13 +33,17 @@ SANDBOX_UIDS = range(2_000_000_000, 2_000_000_000 + 2**24)
 
 def _sandbox_processes() -> list[psutil.Process]:
     """This test run's supervisors, and anything under a sandbox uid (C, init, the program's
-    tree, wherever it was reparented). Other engineers' runs on the machine are not ours."""
-    found = [child for child in psutil.Process().children(recursive=True)
-             if "_supervisor.py" in " ".join(child.cmdline())]  # fmt: skip
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info["uids"]
-        if uids is not None and uids.real in SANDBOX_UIDS:
-            found.append(proc)
+    tree, wherever it was reparented). Other engineers' runs on the machine are not ours.
+    Under pytest-xdist (``scripts/test --all``) the other worker runs sandboxes at the same
+    time, so only this worker's own tree is searched there; the default tier, run serially,
+    also catches a program that escaped its tree."""
+    mine = psutil.Process().children(recursive=True)
+    found = [child for child in mine if "_supervisor.py" in " ".join(child.cmdline())]
+    candidates = mine if "PYTEST_XDIST_WORKER" in os.environ else psutil.process_iter()
+    for proc in candidates:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if proc.uids().real in SANDBOX_UIDS:
+                found.append(proc)
     return found
 
 
