@@ -163,6 +163,7 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
     if not rows:
         return f"{title}: no task with both systems"
     independent = all("seeds" in s for s in summaries)  # issue 46's grid, else issue 35's
+    differences: dict[str, Interval] = {}  # per task, for issue 46's targets
     lines = [
         f"learning_vs_trl, {title}: held-out strict accuracy (greedy), 95 % bootstrap intervals",
         "",
@@ -191,10 +192,13 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
             if all(r["difference_defaults"] is not None for r in task_rows):
                 lines.append(pooled_line(task, task_rows, "difference_defaults",
                                          "TRL at its defaults"))  # fmt: skip
-        judge = target_lines if independent else issue35_target_lines
-        lines += [f"  {line}" for line in judge(task_rows)]
+        if independent:
+            differences[task] = task_difference(task_rows)
+            lines += [f"  {line}" for line in target_lines(task_rows, differences[task])]
+        else:
+            lines += [f"  {line}" for line in issue35_target_lines(task_rows)]
     if independent:
-        lines += ["", *grid_target_lines(by_task)]
+        lines += ["", *grid_target_lines(by_task, differences)]
     return "\n".join(lines)
 
 
@@ -234,10 +238,9 @@ def _falls_line(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def target_lines(rows: list[dict[str, Any]]) -> list[str]:
+def target_lines(rows: list[dict[str, Any]], difference: Interval) -> list[str]:
     """Issue 46's targets for one task's seeds (against TRL at its validation-chosen
-    settings), each met or missed with its figures."""
-    difference = task_difference(rows)
+    settings; ``difference`` is ``task_difference(rows)``), each met or missed with its figures."""
     over = "seeds, then problems" if len(rows) >= 2 else f"seed {rows[0]['seed']}'s problems only"
     return [
         f"ours ahead, interval above 0: {_verdict(difference.low > 0)} "
@@ -247,10 +250,12 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def grid_target_lines(by_task: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Issue 46's targets over the whole grid: ahead with the interval above 0 on every task,
-    ours - TRL >= +5 on at least two tasks, no run of ours more than 5 points below its best."""
-    differences = {task: task_difference(rows) for task, rows in by_task.items()}
+def grid_target_lines(
+    by_task: dict[str, list[dict[str, Any]]], differences: dict[str, Interval]
+) -> list[str]:
+    """Issue 46's targets over the whole grid (``differences``: each task's
+    ``task_difference``): ahead with the interval above 0 on every task, ours - TRL >= +5 on at
+    least two tasks, no run of ours more than 5 points below its best."""
     behind = [task for task, d in differences.items() if d.low <= 0]
     five = [task for task, d in differences.items() if d.estimate >= 0.05]
     falls = [r["ours_best"] - r["after"]["ours"] for rows in by_task.values() for r in rows]
@@ -282,7 +287,7 @@ def issue35_target_lines(rows: list[dict[str, Any]]) -> list[str]:
         f"ours reaches TRL's final in half TRL's time: {_verdict(in_half)} ({', '.join(reached)})",
     ]
     if len(rows) >= 2:
-        pooled = hierarchical_bootstrap([r["difference"] for r in rows])
+        pooled = task_difference(rows)
         met = pooled.estimate >= 0.10 and pooled.low > 0
         out.insert(1, f"pooled ours - TRL >= +10, interval above 0: {_verdict(met)} "
                       f"({_points(pooled)})")  # fmt: skip

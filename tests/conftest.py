@@ -35,12 +35,12 @@ def subprocess_env() -> dict[str, str]:
 
 _VLLM_TESTS: set[str] = set()
 """Node ids of the tests marked ``vllm`` (a keyword match would also count a test whose
-parameter or name is "vllm")."""
+parameter or name is "vllm"), for the deselected ones."""
 
 
 VLLM_PROPERTY = ("tier", "vllm")
-"""Put on every ``vllm`` test's report: under pytest-xdist the summary is written by the
-controller, which never collects, so it knows a test's tier only from its report."""
+"""Put on every ``vllm`` test's report, which is how the run's outcomes are counted: under
+pytest-xdist the summary is written by the controller, which never collects."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects any
@@ -57,9 +57,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
     for key in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(key, []):
             counted = report.when == "call" or (key != "passed" and report.when == "setup")
-            vllm = report.nodeid in _VLLM_TESTS or any(
-                tuple(p) == VLLM_PROPERTY for p in report.user_properties
-            )
+            vllm = any(tuple(p) == VLLM_PROPERTY for p in report.user_properties)
             if counted and vllm:
                 outcomes[key] = outcomes.get(key, 0) + 1
     deselected = [

@@ -21,6 +21,7 @@ from benchmarks.learning_pool import (
     stratified_bootstrap,
     t_interval,
     target_lines,
+    task_difference,
 )
 
 PROBLEMS = 20
@@ -145,12 +146,12 @@ def test_issue_46s_targets_are_judged_per_task_and_over_the_grid(tmp_path: Path)
         independent("a", "family", 0, 9, 6),  # +15 on one seed
     ]
     rows = [seed_row(s) for s in summaries]
-    sums = target_lines(rows[:2])
+    sums = target_lines(rows[:2], task_difference(rows[:2]))
     assert sums[0].startswith("ours ahead, interval above 0: met (+30.0 [+")
     assert sums[0].endswith("], resampling seeds, then problems)")
     assert sums[1].startswith("ours - TRL >= +5: met (+30.0 [+")
     assert sums[2].startswith("ours ends within 5 points of its best snapshot: met")
-    level = target_lines(rows[2:3])
+    level = target_lines(rows[2:3], task_difference(rows[2:3]))
     assert level[0].startswith("ours ahead, interval above 0: MISSED (+0.0 [+0.0, +0.0]")
     assert "seed 0's problems only" in level[0]
     assert level[1].startswith("ours - TRL >= +5: MISSED")
