@@ -27,6 +27,10 @@ ANSWER_BOUND_S = 90.0
 each); a request the scheduler lost never finishes at all."""
 LOAD_S = 12.0
 RELOADS = 4
+MIN_STAYING = 20
+MIN_HUNG_UP = 5
+"""The load runs for ``LOAD_S`` and until this many clients stayed and left: under a busy
+machine (CI's two test workers) twelve seconds of wall clock can hold only a dozen requests."""
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +99,11 @@ async def test_every_accepted_request_is_answered_under_reloads_and_hangups(
     leaving: list[asyncio.Task[None]] = []
     started = time.monotonic()
     index = 0
-    while time.monotonic() - started < LOAD_S:
+    while (
+        time.monotonic() - started < LOAD_S
+        or len(staying) < MIN_STAYING
+        or len(hung_up) < MIN_HUNG_UP
+    ):
         for _ in range(rng.randint(1, 3)):
             kind = rng.choice(["generate", "chat", "completions"])
             path, body, expected = request_body(kind, rng, small_batch_server.name)
@@ -126,7 +134,6 @@ async def test_every_accepted_request_is_answered_under_reloads_and_hangups(
     )
     for task in done:
         task.result()  # re-raise a wrong answer
-    assert len(staying) >= 20 and len(hung_up) >= 5
     # the hung-up requests were dropped, not left generating or queued
     health = await health_once_idle(url)
     assert health["cancelled_requests"] >= 1
