@@ -11,7 +11,9 @@ and causally within its own suffix; nothing crosses trees, and padding attends o
 Groups whose prompts begin alike (a few-shot env's worked examples before each new question)
 nest: that beginning once, then each group's rest of its prompt once, then its members'
 suffixes (the radix tree of the prompts, ``plan_trees``). A position attends causally within
-its own segment and to every segment on its path from the root.
+its own segment and to every segment on its path from the root. Trees are laid depth first,
+so a segment's descendants follow it back to back and the mask is two comparisons per
+(query, key): key k is read by the queries from k to the end of k's subtree.
 
 Only the part before a sequence's first trained token is shared (prompts are never trained;
 a multi-turn sequence keeps its later prompt turns in its suffix), and every suffix keeps at
@@ -164,41 +166,44 @@ def fitted(tree: Tree, max_tokens: int, lengths: Sequence[int]) -> list[Tree]:
 
 @dataclass
 class _Layout:
-    """Where a row's segments and each member's tokens lie in the flat (row-major) rows."""
+    """Where a row's segments and each member's tokens lie in the flat (row-major) rows.
+
+    Trees are laid depth first, so a segment's descendants follow it back to back: the keys of
+    a segment are visible to every query from the segment's start to its subtree's ``reach``.
+    """
 
     width: int
     ids: np.ndarray  # (R, W)
     positions: np.ndarray  # (R, W)
-    segment: np.ndarray  # (R, W): a real segment's index, or -1 - flat index for padding
-    parents: list[int]  # per real segment: its parent segment, -1 for a root
+    reach: np.ndarray  # (R, W): end of the subtree of each position's segment (padding: p + 1)
     paths: list[list[tuple[int, int, int]]]  # per member: (flat start, first token, end) pieces
 
-    def place(self, row: int, offset: int, tokens: np.ndarray, first: int, parent: int) -> int:
+    def place(self, row: int, offset: int, tokens: np.ndarray, first: int) -> int:
         """Lay ``tokens`` (positions ``first``...) at ``offset`` of ``row`` as a new segment."""
         end = offset + len(tokens)
         self.ids[row, offset:end] = tokens
         self.positions[row, offset:end] = np.arange(first, first + len(tokens))
-        self.segment[row, offset:end] = len(self.parents)
-        self.parents.append(parent)
+        self.reach[row, offset:end] = end
         return end
 
     def lay(self, tree: Tree, samples: Sequence[Sample], row: int, offset: int,
-            start: int, parent: int, path: list[tuple[int, int, int]]) -> int:  # fmt: skip
+            start: int, path: list[tuple[int, int, int]]) -> int:  # fmt: skip
         """Tree ``tree`` from token ``start`` on (its ancestors hold the tokens before);
         returns the offset after it."""
         head = samples[tree.members[0]].tokens
-        segment, here = len(self.parents), row * self.width + offset
-        offset = self.place(row, offset, head[start : tree.prefix], start, parent)
+        here, head_start = row * self.width + offset, offset
+        head_end = offset = self.place(row, offset, head[start : tree.prefix], start)
         path = [*path, (here, start, tree.prefix)]
         if tree.branches:
             for branch in tree.branches:
-                offset = self.lay(branch, samples, row, offset, tree.prefix, segment, path)
-            return offset
-        for i in tree.members:
-            tokens = samples[i].tokens
-            here = row * self.width + offset
-            offset = self.place(row, offset, tokens[tree.prefix :], tree.prefix, segment)
-            self.paths.append([*path, (here, tree.prefix, len(tokens))])
+                offset = self.lay(branch, samples, row, offset, tree.prefix, path)
+        else:
+            for i in tree.members:
+                tokens = samples[i].tokens
+                here = row * self.width + offset
+                offset = self.place(row, offset, tokens[tree.prefix :], tree.prefix)
+                self.paths.append([*path, (here, tree.prefix, len(tokens))])
+        self.reach[row, head_start:head_end] = offset  # the head is read by its whole subtree
         return offset
 
 
@@ -214,14 +219,13 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
         width,
         np.zeros((n_rows, width), np.int64),
         np.zeros((n_rows, width), np.int64),
-        -1 - np.arange(n_rows * width).reshape(n_rows, width),  # padding: one each
-        [],
+        np.tile(np.arange(1, width + 1), (n_rows, 1)),  # padding: itself only
         [],
     )
     for r, row in enumerate(rows):
         offset = 0
         for tree in row:
-            offset = layout.lay(tree, samples, r, offset, 0, -1, [])
+            offset = layout.lay(tree, samples, r, offset, 0, [])
 
     # (B, T-1): the flat position of token t of each member, the one that predicts t + 1
     t_count = mb.targets.shape[1]
@@ -239,7 +243,7 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
     index = np.full(keep.shape, len(wanted), np.int64)
     index[keep] = np.arange(len(wanted))
     temps = np.broadcast_to(mb.temperature.numpy()[:, None], keep.shape)
-    allowed = tree_attention(layout.segment, layout.parents)
+    allowed = tree_attention(layout.reach)
     mb.packed = PackedRows(
         input_ids=torch.from_numpy(layout.ids),
         position_ids=torch.from_numpy(layout.positions),
@@ -253,21 +257,11 @@ def collate_trees(rows: Sequence[Sequence[Tree]], samples: Sequence[Sample]) -> 
     return mb
 
 
-def tree_attention(segment: np.ndarray, parents: Sequence[int]) -> np.ndarray:
-    """(R, W, W) bool, query x key, True: may attend. Causal, and within one segment (a real
-    one, or a padding position's own) or onto a segment on the query's path from its root;
-    ``segment`` is (R, W), ``parents`` each real segment's parent (-1: a root)."""
-    count = len(parents)
-    on_path = np.eye(count, dtype=bool)  # on_path[q, k]: k is q or one of q's ancestors
-    for q in range(count):
-        k = parents[q]
-        while k >= 0:
-            on_path[q, k] = True
-            k = parents[k]
-    width = segment.shape[1]
-    causal = np.tril(np.ones((width, width), bool))[None]  # (1, W, W)
-    real = segment >= 0
-    index = np.where(real, segment, 0)
-    lineage = on_path[index[:, :, None], index[:, None, :]] & real[:, :, None] & real[:, None, :]
-    same_segment = segment[:, :, None] == segment[:, None, :]  # padding: itself only
-    return causal & (same_segment | lineage)
+def tree_attention(reach: np.ndarray) -> np.ndarray:
+    """(R, W, W) bool, query x key, True: may attend. Causal, and within the key's segment or
+    its descendants: key ``k`` is read by queries ``k <= q < reach[k]``, where ``reach`` (R, W)
+    is where the subtree of ``k``'s segment ends in its row (a padding position's: ``k + 1``).
+    Two comparisons over the (R, W, W) mask, as cheap as the causal mask itself."""
+    position = np.arange(reach.shape[1])
+    causal = position[None, :, None] >= position[None, None, :]  # (1, W, W)
+    return causal & (position[None, :, None] < reach[:, None, :])

@@ -369,3 +369,70 @@ def test_nested_trees_give_the_loss_and_gradients_of_packed(tiny_model: Path, na
     for key, grad in packed["grads"].items():
         scale = grad.abs().max().item()
         torch.testing.assert_close(shared["grads"][key], grad, atol=1e-5 * scale, rtol=1e-5)
+
+
+# ---- the mask against its definition ----------------------------------------------------------
+
+
+def member_offsets(row: list[Tree], samples: list[Sample]) -> dict[int, list[int]]:
+    """Each member's token offsets in its row: its ancestors' segments, then its own suffix,
+    the trees laid depth first one after the other."""
+    offsets: dict[int, list[int]] = {}
+
+    def walk(tree: Tree, at: int, start: int, above: list[int]) -> int:
+        mine = [*above, *range(at, at + tree.prefix - start)]
+        at += tree.prefix - start
+        if tree.branches:
+            for branch in tree.branches:
+                at = walk(branch, at, tree.prefix, mine)
+            return at
+        for i in tree.members:
+            suffix = len(samples[i].tokens) - tree.prefix
+            offsets[i] = [*mine, *range(at, at + suffix)]
+            at += suffix
+        return at
+
+    at = 0
+    for tree in row:
+        at = walk(tree, at, 0, [])
+    return offsets
+
+
+def rows_of_two(trees: list[Tree]) -> list[list[Tree]]:
+    return [trees[k : k + 2] for k in range(0, len(trees), 2)]
+
+
+@pytest.mark.parametrize(
+    "case", ["trees_in_one_row", "nested", "nested_split", "split_in_shared_rows"]
+)
+def test_the_mask_lets_a_position_read_exactly_the_tokens_of_its_own_sequences(case: str) -> None:
+    """Query q may read key k <= q iff some member's sequence holds both (padding: only
+    itself), on rows with several trees, nested trees, split copies and padding."""
+    if case == "trees_in_one_row":
+        samples = samples_of()
+        trees = plan_trees(samples, max_tokens=64)
+        rows = [trees[:3], trees[3:]]
+    else:
+        samples = few_shot_samples()
+        whole = plan_trees(samples, 4096)
+        cap = next(t for t in whole if t.branches).tokens // 2 + 6
+        trees = whole if case == "nested" else plan_trees(samples, cap)
+        rows = rows_of_two(trees) if case == "split_in_shared_rows" else [[t] for t in trees]
+    assert any(t.branches for t in trees) or case == "trees_in_one_row"
+    mb = collate_trees(rows, samples)
+    assert mb.packed is not None
+    ids, positions = mb.packed.input_ids.numpy(), mb.packed.position_ids.numpy()
+    allowed = mb.packed.attention_mask[:, 0].numpy()
+    width = ids.shape[1]
+    padded_rows = 0
+    for r, row in enumerate(rows):
+        expected = np.eye(width, dtype=bool)
+        for i, offsets in member_offsets(row, samples).items():
+            assert (ids[r, offsets] == samples[i].tokens).all()
+            assert (positions[r, offsets] == np.arange(len(samples[i].tokens))).all()
+            on = np.zeros(width, bool)
+            on[offsets] = True
+            expected |= np.tril(on[:, None] & on[None, :])
+        padded_rows += int(sum(t.tokens for t in row) < width)
+        assert (allowed[r] == expected).all(), f"row {r}"
+    assert padded_rows > 0  # a row shorter than the widest: its padding reads only itself
