@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {  # batch shape (scripts/gpu_check/batches.py), micro-batch tokens, max_token_len
-    "gpu": ((32, 8, (150, 250), 300, (32, 1500)), 16384, 2048),
+SHAPES = {  # batch shape (None: the GPU check's timed batch), micro-batch tokens, max_token_len
+    "gpu": (None, 16384, 2048),
     "demo": ((4, 4, (200, 220), 40, (8, 120)), 4096, 256),
 }
 
@@ -40,14 +40,14 @@ SHAPES = {  # batch shape (scripts/gpu_check/batches.py), micro-batch tokens, ma
 def child(tree: Path, shape: str, row_tokens: int | None) -> dict[str, float]:
     """One measurement in this process, importing ``example_trainer`` from ``tree``."""
     sys.path[:0] = [str(tree), str(ROOT / "scripts")]
-    from gpu_check.batches import BatchShape, make_groups
+    from gpu_check.batches import TIMED, BatchShape, make_groups
 
     from example_trainer.config import load_config
     from example_trainer.data import batch_to_samples
     from example_trainer.sequence_packing import micro_batch, micro_batch_plan
 
     batch, budget, max_len = SHAPES[shape]
-    groups = make_groups(BatchShape(*batch), vocab=49152, seed=2)
+    groups = make_groups(TIMED["cuda"] if batch is None else BatchShape(*batch), 49152, seed=2)
     extra = {"pack_row_tokens": row_tokens} if row_tokens else {}
     cfg = load_config(["--model", "unused", "--micro-batching", "prefix_shared"],
                       micro_batch_tokens=budget, max_token_len=max_len, **extra)  # fmt: skip
