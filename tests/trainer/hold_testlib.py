@@ -13,6 +13,10 @@ Counters = Callable[[str], tuple[float, float]]
 """``url -> (requests running, tokens each running request has sampled so far)``."""
 
 
+class EndedFirst(AssertionError):
+    """A request ended before all of them were held: too late for this batch of requests."""
+
+
 def embedded_counters(url: str) -> tuple[float, float]:
     """The embedded server's ``/health``: one decode step samples one token per request."""
     health = httpx.get(f"{url}/health", timeout=30).json()
@@ -78,7 +82,7 @@ def _step_until_running(
     running_now = 0.0
     while time.monotonic() < deadline:
         if (what := ended()) is not None:
-            raise AssertionError(f"{running} requests could not be held mid-generation: {what}")
+            raise EndedFirst(f"{running} requests could not be held mid-generation: {what}")
         running_now, sampled = counters(url)
         if running_now >= running:
             first = sampled if first is None else first

@@ -30,12 +30,12 @@ import pytest
 from hold_testlib import freeze, hold_mid_generation, vllm_counters
 from vllm_sync_testlib import (
     PROMPT_IDS,
-    InFlight,
     checksums,
     greedy,
     greedy_margins,
     hand_logprobs,
     hf_greedy,
+    hold_in_flight,
     live_sync,
     load_model,
     next_version,
@@ -143,9 +143,7 @@ def test_keep_mode_finishes_frozen_replies_on_the_new_weights(
     old = version(url)
     model = perturb(load_model(model_path()), seed=3)
     sync = live_sync(url, "shm", "keep", tmp_path)
-    freeze(url)
-    rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT, vllm_counters, rollouts.ended)
+    rollouts = hold_in_flight(url, prompt, IN_FLIGHT, REPLY_TOKENS)
     step = next_version()
     report = push(sync, model, tmp_path / "unused", step)
     sync.close()
@@ -177,9 +175,7 @@ def test_wait_mode_lets_replies_finish_before_the_update(
     prompt = story_prompt(model_path())
     old = version(url)
     sync = live_sync(url, "shm", "wait", tmp_path)
-    freeze(url)
-    rollouts = InFlight(url, prompt, IN_FLIGHT, REPLY_TOKENS).start()
-    hold_mid_generation(url, IN_FLIGHT, vllm_counters, rollouts.ended)
+    rollouts = hold_in_flight(url, prompt, IN_FLIGHT, REPLY_TOKENS)
     httpx.post(f"{url}/resume").raise_for_status()  # running again when the push pauses
     step = next_version()
     report = push(sync, perturb(load_model(model_path()), seed=4), tmp_path / "unused", step)

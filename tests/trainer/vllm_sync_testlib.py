@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from hold_testlib import EndedFirst, freeze, hold_mid_generation, vllm_counters
 from torch import nn
 
 from example_trainer.checkpoint import save_weights
@@ -176,6 +177,26 @@ class InFlight:
             assert reply is not None, "a reply did not finish"
             out.append(reply)
         return out
+
+
+def hold_in_flight(url: str, prompt: list[int], n: int, tokens: int, attempts: int = 3) -> InFlight:
+    """``n`` replies of ``tokens`` held mid-generation on a frozen vLLM (left frozen).
+
+    A pause the server answers late lets the replies run on; on a loaded CI machine one once
+    ran its 160 tokens to the end before the six were held. That batch is then let finish and
+    a fresh one sent, up to ``attempts`` times: holding them is the tests' setup, not what
+    they check."""
+    failures = []
+    for _ in range(attempts):
+        freeze(url)
+        rollouts = InFlight(url, prompt, n, tokens).start()
+        try:
+            hold_mid_generation(url, n, vllm_counters, rollouts.ended)
+            return rollouts
+        except EndedFirst as error:
+            failures.append(str(error))
+            rollouts.finish()  # hold_mid_generation resumed the server: let the rest end
+    raise AssertionError(f"{attempts} tries: " + "; ".join(failures))
 
 
 def served_logprobs(url: str, model: str, prompt: list[int], reply: list[int]) -> np.ndarray:
