@@ -130,6 +130,14 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
     defaults_after = None
     if defaults is not None:
         defaults_after = grades_of(run_dir, summary["systems"][defaults]["curve"][-1]["label"])
+    separate_defaults = None  # TRL at its defaults as a third system (issue 46's cells)
+    if defaults == "trl_defaults" and defaults_after is not None:
+        system = summary["systems"][defaults]
+        separate_defaults = {
+            "after": system["curve"][-1]["strict"],
+            "gain": bootstrap_mean(gains(base, defaults_after)),
+            "steps": system["training"]["steps"],
+        }
     return {
         "task": summary["task"],
         "seed": summary["seed"],
@@ -141,6 +149,7 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
         "difference_defaults": (
             None if defaults_after is None else gain_difference(base, after["ours"], defaults_after)
         ),
+        "defaults": separate_defaults,
         "settings": {s: summary["systems"][s].get("setting", DEFAULTS[s].key) for s in SYSTEMS},
         "minutes_to_trl": minutes_to_reach(summary["systems"]["ours"]["curve"], trl_final),
         "trl_minutes": float(finals["trl"]["minutes"]),
@@ -164,32 +173,25 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
         return f"{title}: no task with both systems"
     independent = all("seeds" in s for s in summaries)  # issue 46's grid, else issue 35's
     differences: dict[str, Interval] = {}  # per task, for issue 46's targets
+    with_defaults = all(row["defaults"] is not None for row in rows)
+    columns = TABLE_COLUMNS_WITH_DEFAULTS if with_defaults else TABLE_COLUMNS
     lines = [
         f"learning_vs_trl, {title}: held-out strict accuracy (greedy), 95 % bootstrap intervals",
         "",
-        "| task | seed | steps ours / TRL | before | ours after (gain) | TRL after (gain) "
-        "| ours - TRL | ours reaches TRL's final at |",
-        "|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_task[row["task"]].append(row)
-        reach = row["minutes_to_trl"]
-        reached = f"{reach:.1f} min of {row['trl_minutes']:.1f}" if reach is not None else "not"
-        lines.append(
-            f"| {row['task']} | {row['seed']} | {row['steps']['ours']} / {row['steps']['trl']} "
-            f"| {_pct(row['before'])} | {_pct(row['after']['ours'])} "
-            f"({_points(row['gain']['ours'])}) | {_pct(row['after']['trl'])} "
-            f"({_points(row['gain']['trl'])}) | {_points(bootstrap_mean(row['difference']))} "
-            f"| {reached} |"
-        )
+        lines.append("| " + " | ".join(table_cells(row, with_defaults)) + " |")
     for task, task_rows in by_task.items():
         lines.append("")
         if len(task_rows) < 2:
             lines.append(f"{task}, seed {task_rows[0]['seed']} only: nothing to pool yet")
         else:
             lines.append(pooled_line(task, task_rows, "difference", "TRL"))
-            if all(r["difference_defaults"] is not None for r in task_rows):
+            if all(r["defaults"] is not None for r in task_rows):  # else TRL ran at defaults
                 lines.append(pooled_line(task, task_rows, "difference_defaults",
                                          "TRL at its defaults"))  # fmt: skip
         if independent:
@@ -200,6 +202,30 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
     if independent:
         lines += ["", *grid_target_lines(by_task, differences)]
     return "\n".join(lines)
+
+
+TABLE_COLUMNS = ("task", "seed", "steps ours / TRL", "before", "ours after (gain)",
+                 "TRL after (gain)", "ours - TRL", "ours reaches TRL's final at")  # fmt: skip
+TABLE_COLUMNS_WITH_DEFAULTS = ("task", "seed", "steps ours / TRL / TRL at defaults", "before",
+                               "ours after (gain)", "TRL after (gain)",
+                               "TRL at defaults after (gain)", "ours - TRL",
+                               "ours - TRL at defaults", "ours reaches TRL's final at")  # fmt: skip
+
+
+def table_cells(row: dict[str, Any], with_defaults: bool) -> list[str]:
+    """One task and seed's cells, in the order of TABLE_COLUMNS(_WITH_DEFAULTS)."""
+    reach = row["minutes_to_trl"]
+    reached = f"{reach:.1f} min of {row['trl_minutes']:.1f}" if reach is not None else "not"
+    steps = f"{row['steps']['ours']} / {row['steps']['trl']}"
+    after = [f"{_pct(row['after'][s])} ({_points(row['gain'][s])})" for s in SYSTEMS]
+    difference = [_points(bootstrap_mean(row["difference"]))]
+    if with_defaults:
+        defaults = row["defaults"]
+        steps += f" / {defaults['steps']}"
+        after.append(f"{_pct(defaults['after'])} ({_points(defaults['gain'])})")
+        difference.append(_points(bootstrap_mean(row["difference_defaults"])))
+    return [row["task"], str(row["seed"]), steps, _pct(row["before"]), *after, *difference,
+            reached]  # fmt: skip
 
 
 def pooled_line(task: str, rows: list[dict[str, Any]], key: str, against: str) -> str:
@@ -387,15 +413,27 @@ def main(argv: list[str] | None = None) -> int:
         plot_curves(summaries, args.out.with_suffix(".png"))
         print(f"wrote {args.out.with_suffix('.txt')} and {args.out.with_suffix('.png')}")
     if args.docs:
-        for page, text in ((RESULTS_PAGE, results_block(table)), (README, readme_block(table))):
-            fill_block(page, text)
-            print(f"filled the grid table of {page}")
+        if len(args.runs) != 1:
+            parser.error("--docs takes one run folder: the one the pages' markers name")
+        source = marker_source(args.runs[0])
+        filled = [page for page, text in ((RESULTS_PAGE, results_block(table)),
+                                          (README, readme_block(table)))
+                  if fill_block(page, text, source)]  # fmt: skip
+        if not filled:
+            raise SystemExit(f"no page has a grid table of {source}: add "
+                             f"'<!-- grid table: benchmarks/learning_pool.py {source} -->' and "
+                             "'<!-- end of grid table -->' where it goes")  # fmt: skip
+        print(f"filled the grid table of {source} in {', '.join(map(str, filled))}")
     return 0
 
 
+BLOCK_END = "<!-- end of grid table -->"
 BLOCK = re.compile(
-    r"(<!-- grid table: benchmarks/learning_pool.py -->\n).*?(\n<!-- end of grid table -->)", re.S
+    r"(?P<start><!-- grid table: benchmarks/learning_pool.py(?: (?P<source>\S+))? -->\n)"
+    r"(?:.*?\n)?<!-- end of grid table -->",
+    re.S,
 )
+"""A page's grid table; its marker names the run folder it shows (none: issue 35's, GRID)."""
 README = REPO / "README.md"
 RESULTS_PAGE = REPO / "docs" / "results.md"
 
@@ -409,17 +447,28 @@ def results_block(table: str) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(listed)
 
 
+README_COLUMNS = {"task": "task", "seed": "seed", "before": "before",
+                  "ours after (gain)": "ours after", "TRL after (gain)": "TRL after",
+                  "TRL at defaults after (gain)": "TRL at defaults after",
+                  "ours - TRL": "ours - TRL, strict points",
+                  "ours - TRL at defaults": "ours - TRL at defaults"}  # fmt: skip
+"""The full table's columns the README keeps (accuracies without their gains), renamed."""
+
+
 def readme_block(table: str) -> str:
-    """The README's grid: before and after per cell, ours - TRL, the pooled lines."""
-    cells = [line for line in table.splitlines() if line.startswith("|")][2:]
-    out = ["| task | seed | before | ours after | TRL after | ours - TRL, strict points |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+    """The README's grid: before and after per cell, ours - TRL (and TRL at its defaults where
+    the cells ran it), the pooled lines."""
+    header, _, *cells = [line for line in table.splitlines() if line.startswith("|")]
+
+    def split(row: str) -> list[str]:
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    kept = [i for i, name in enumerate(split(header)) if name in README_COLUMNS]
+    out = ["| " + " | ".join(README_COLUMNS[split(header)[i]] for i in kept) + " |",
+           "|" + "---|" * len(kept)]  # fmt: skip
     for row in cells:
-        task, seed, _, before, ours, trl, difference, _ = (
-            c.strip() for c in row.strip("|").split("|")
-        )
-        out.append(f"| {task} | {seed} | {before} | {ours.split(' (')[0]} | {trl.split(' (')[0]} "
-                   f"| {difference} |")  # fmt: skip
+        values = split(row)
+        out.append("| " + " | ".join(values[i].split(" (")[0] for i in kept) + " |")
     pooled = [
         line
         for line in table.splitlines()
@@ -428,12 +477,31 @@ def readme_block(table: str) -> str:
     return "\n".join(out) + ("\n\n" + "\n".join(f"- {p}" for p in pooled) if pooled else "")
 
 
-def fill_block(page: Path, text: str) -> None:
-    """Replaces what lies between the page's grid-table markers with ``text``."""
-    source = page.read_text()
-    if not BLOCK.search(source):
+def marker_source(run_folder: Path) -> str:
+    """How a page's marker names ``run_folder``: its path from the repository's root."""
+    folder = run_folder.resolve()
+    return str(folder.relative_to(REPO)) if folder.is_relative_to(REPO) else str(folder)
+
+
+def fill_block(page: Path, text: str, source: str = marker_source(GRID)) -> bool:
+    """Replaces what lies between the page's grid-table markers of ``source`` (a run folder as
+    ``marker_source`` names it) with ``text``; False when the page has none of that folder."""
+    content = page.read_text()
+    if not BLOCK.search(content):
         raise SystemExit(f"{page}: no grid-table markers (<!-- grid table: ... -->) to fill")
-    page.write_text(BLOCK.sub(lambda m: m.group(1) + text + m.group(2), source))
+    filled = False
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal filled
+        if (match.group("source") or marker_source(GRID)) != source:
+            return match.group(0)
+        filled = True
+        return f"{match.group('start')}{text}\n{BLOCK_END}"
+
+    replaced = BLOCK.sub(replace, content)
+    if filled:
+        page.write_text(replaced)
+    return filled
 
 
 if __name__ == "__main__":

@@ -27,9 +27,12 @@ from benchmarks.learning_pool import (
 PROBLEMS = 20
 
 
-def write_run(root: Path, task: str, seed: int, ours_right: int, trl_right: int) -> dict:
+def write_run(
+    root: Path, task: str, seed: int, ours_right: int, trl_right: int, defaults_right: int = -1
+) -> dict:
     """A task folder: the base model right on 2 problems; ours right on the first
-    ``ours_right`` after training, TRL on the first ``trl_right``."""
+    ``ours_right`` after training, TRL on the first ``trl_right`` (and TRL at its defaults, a
+    third system, on the first ``defaults_right`` when that is not -1)."""
     folder = root / task
     (folder / "eval").mkdir(parents=True)
 
@@ -39,7 +42,10 @@ def write_run(root: Path, task: str, seed: int, ours_right: int, trl_right: int)
 
     graded("base", 2)
     curves = {}
-    for system, right in (("ours", ours_right), ("trl", trl_right)):
+    systems = [("ours", ours_right), ("trl", trl_right)]
+    if defaults_right >= 0:
+        systems.append(("trl_defaults", defaults_right))
+    for system, right in systems:
         halfway = f"{system}-step-5"
         final = f"{system}-step-10"
         graded(halfway, (2 + right) // 2)
@@ -112,6 +118,11 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path: Path) -> None:
         "missing from the grid: sums-seed2, three_sums-seed0" in out.with_suffix(".txt").read_text()
     )
     assert main([str(tmp_path / "empty")]) == 1
+    # no page of the repository has a grid table of this folder: a one-line reason, no write
+    with pytest.raises(SystemExit, match=r"no page has a grid table of .*run0: add"):
+        main([str(tmp_path / "run0"), "--docs"])
+    with pytest.raises(SystemExit):  # which folder's table would it fill?
+        main([str(tmp_path / "run0"), str(tmp_path / "run1"), "--docs"])
 
 
 def test_issue_35s_targets_are_judged_per_task_with_their_figures(tmp_path: Path) -> None:
@@ -203,6 +214,55 @@ def test_docs_get_the_grid_table_between_their_markers_and_nothing_else(tmp_path
     bare.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no grid-table markers"):
         fill_block(bare, "x")
+
+
+def test_each_grid_table_is_filled_only_from_the_run_folder_its_marker_names(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.learning_pool import fill_block
+
+    page = tmp_path / "results.md"
+    page.write_text(
+        "<!-- grid table: benchmarks/learning_pool.py -->\nold grid\n<!-- end of grid table -->\n"
+        "between\n"
+        "<!-- grid table: benchmarks/learning_pool.py docs/tuned -->\n"
+        "<!-- end of grid table -->\n"  # a new table: nothing between its markers yet
+    )
+    assert fill_block(page, "new tuned", "docs/tuned")
+    assert "py docs/tuned -->\nnew tuned\n<!-- end" in page.read_text()
+    assert page.read_text().count("new tuned") == 1 and "old grid" in page.read_text()
+    assert fill_block(page, "new grid")  # a marker naming no folder is issue 35's grid
+    assert "old grid" not in page.read_text() and "new tuned" in page.read_text()
+    assert not fill_block(page, "x", "docs/elsewhere")
+    assert "x\n" not in page.read_text()
+
+
+def test_trl_at_its_defaults_gets_its_own_columns_and_pooled_line_where_cells_ran_it(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.learning_pool import readme_block
+
+    summaries = [
+        write_run(tmp_path / "a", "sums", 1, ours_right=12, trl_right=6, defaults_right=4),
+        write_run(tmp_path / "b", "sums", 2, ours_right=10, trl_right=10, defaults_right=2),
+    ]
+    table = pooled_table(summaries, "test")
+    assert "| steps ours / TRL / TRL at defaults |" in table
+    # before 10 %; ours 60 % (+50), TRL 30 % (+20), TRL at defaults 20 % (+10)
+    assert "| sums | 1 | 10 / 10 / 10 | 10.0 % | 60.0 % (+50.0 [" in table
+    assert "| 20.0 % (+10.0 [" in table and "| +30.0 [" in table and "| +40.0 [" in table
+    assert "sums, pooled over seeds [1, 2]: ours - TRL strict gain +15.0" in table
+    assert "sums, pooled over seeds [1, 2]: ours - TRL at its defaults strict gain +40.0" in table
+    readme = readme_block(table)
+    assert readme.splitlines()[0] == (
+        "| task | seed | before | ours after | TRL after | TRL at defaults after "
+        "| ours - TRL, strict points | ours - TRL at defaults |"
+    )
+    assert "| sums | 2 | 10.0 % | 50.0 % | 50.0 % | 10.0 % | +0.0 [+0.0, +0.0] | +40.0 [" in readme
+    # issue 35's cells ran TRL at its defaults as TRL itself: no second line repeats the first
+    alone = pooled_table([write_run(tmp_path / "c", "sums", 0, 12, 6),
+                          write_run(tmp_path / "d", "sums", 1, 10, 10)], "test")  # fmt: skip
+    assert "at its defaults" not in alone and "| steps ours / TRL |" in alone
 
 
 def test_the_hierarchical_interval_holds_the_spread_between_seeds() -> None:
