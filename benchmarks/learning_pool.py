@@ -345,16 +345,20 @@ def plot_curves(summaries: list[dict[str, Any]], path: Path) -> None:
 
     tasks = sorted({s["task"] for s in summaries})
     figure, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
-    colors = {"ours": "tab:blue", "trl": "tab:orange"}
+    colors = {"ours": "tab:blue", "trl": "tab:orange", "trl_defaults": "tab:gray"}
+    line_styles = ("-", "--", ":", "-.")  # one per seed of a task
     for axis, task in zip(axes[0], tasks, strict=True):
-        for summary in (s for s in summaries if s["task"] == task):
+        task_summaries = sorted((s for s in summaries if s["task"] == task),
+                                key=lambda s: s["seed"])  # fmt: skip
+        for index, summary in enumerate(task_summaries):
             for system, record in summary["systems"].items():
                 xs = [0.0] + [p["minutes"] for p in record["curve"]]
                 ys = [100 * summary["base"]["strict"]] + [
                     100 * p["strict"] for p in record["curve"]
                 ]
-                axis.plot(xs, ys, marker="o", color=colors.get(system),
-                          alpha=0.8, label=f"{system} seed {summary['seed']}")  # fmt: skip
+                axis.plot(xs, ys, marker="o", color=colors.get(system), alpha=0.8,
+                          linestyle=line_styles[index % len(line_styles)],
+                          label=f"{system} seed {summary['seed']}")  # fmt: skip
         axis.set_title(f"{task}: held-out strict accuracy")
         axis.set_xlabel("wall-clock minutes of training")
         axis.set_ylabel("%")
