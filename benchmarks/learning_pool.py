@@ -110,15 +110,6 @@ def t_interval(values: list[float]) -> Interval:
     return Interval(mean, mean - half, mean + half, 0.95)
 
 
-def defaults_system(summary: dict[str, Any]) -> str | None:
-    """The system of a cell that ran TRL at its documented defaults (None: none did)."""
-    systems = summary["systems"]
-    if "trl_defaults" in systems:
-        return "trl_defaults"
-    default = DEFAULTS["trl"].key
-    return "trl" if systems["trl"].get("setting", default) == default else None
-
-
 def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
     """The figures of one task and seed (both systems must have run)."""
     run_dir = Path(summary["run_dir"])
@@ -126,17 +117,17 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
     finals = {s: summary["systems"][s]["curve"][-1] for s in SYSTEMS}
     after = {s: grades_of(run_dir, finals[s]["label"]) for s in SYSTEMS}
     trl_final = finals["trl"]["strict"]
-    defaults = defaults_system(summary)
-    defaults_after = None
+    # TRL at its documented defaults beside TRL at the sweep's choice (issue 46's cells; in
+    # issue 35's, "trl" itself ran at its defaults)
+    defaults = summary["systems"].get("trl_defaults")
+    separate_defaults = None
     if defaults is not None:
-        defaults_after = grades_of(run_dir, summary["systems"][defaults]["curve"][-1]["label"])
-    separate_defaults = None  # TRL at its defaults as a third system (issue 46's cells)
-    if defaults == "trl_defaults" and defaults_after is not None:
-        system = summary["systems"][defaults]
+        defaults_after = grades_of(run_dir, defaults["curve"][-1]["label"])
         separate_defaults = {
-            "after": system["curve"][-1]["strict"],
+            "after": defaults["curve"][-1]["strict"],
             "gain": bootstrap_mean(gains(base, defaults_after)),
-            "steps": system["training"]["steps"],
+            "steps": defaults["training"]["steps"],
+            "difference": gain_difference(base, after["ours"], defaults_after),
         }
     return {
         "task": summary["task"],
@@ -146,9 +137,6 @@ def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
         "gain": {s: bootstrap_mean(gains(base, after[s])) for s in SYSTEMS},
         "steps": {s: summary["systems"][s]["training"]["steps"] for s in SYSTEMS},
         "difference": gain_difference(base, after["ours"], after["trl"]),
-        "difference_defaults": (
-            None if defaults_after is None else gain_difference(base, after["ours"], defaults_after)
-        ),
         "defaults": separate_defaults,
         "settings": {s: summary["systems"][s].get("setting", DEFAULTS[s].key) for s in SYSTEMS},
         "minutes_to_trl": minutes_to_reach(summary["systems"]["ours"]["curve"], trl_final),
@@ -190,9 +178,11 @@ def pooled_table(summaries: list[dict[str, Any]], title: str) -> str:
         if len(task_rows) < 2:
             lines.append(f"{task}, seed {task_rows[0]['seed']} only: nothing to pool yet")
         else:
-            lines.append(pooled_line(task, task_rows, "difference", "TRL"))
+            seeds = [r["seed"] for r in task_rows]
+            lines.append(pooled_line(task, seeds, [r["difference"] for r in task_rows], "TRL"))
             if all(r["defaults"] is not None for r in task_rows):  # else TRL ran at defaults
-                lines.append(pooled_line(task, task_rows, "difference_defaults",
+                lines.append(pooled_line(task, seeds,
+                                         [r["defaults"]["difference"] for r in task_rows],
                                          "TRL at its defaults"))  # fmt: skip
         if independent:
             differences[task] = task_difference(task_rows)
@@ -223,20 +213,20 @@ def table_cells(row: dict[str, Any], with_defaults: bool) -> list[str]:
         defaults = row["defaults"]
         steps += f" / {defaults['steps']}"
         after.append(f"{_pct(defaults['after'])} ({_points(defaults['gain'])})")
-        difference.append(_points(bootstrap_mean(row["difference_defaults"])))
+        difference.append(_points(bootstrap_mean(defaults["difference"])))
     return [row["task"], str(row["seed"]), steps, _pct(row["before"]), *after, *difference,
             reached]  # fmt: skip
 
 
-def pooled_line(task: str, rows: list[dict[str, Any]], key: str, against: str) -> str:
-    """Ours - ``against`` over the task's seeds: the three intervals, the lowest seed."""
-    per_seed = [r[key] for r in rows]
+def pooled_line(task: str, seeds: list[int], per_seed: list[list[float]], against: str) -> str:
+    """Ours - ``against`` over the task's ``seeds`` (``per_seed``: each seed's per-problem
+    difference of the gains): the three intervals, the lowest seed."""
     hierarchical = hierarchical_bootstrap(per_seed)
     over_seeds = t_interval([float(np.mean(d)) for d in per_seed])
     within = stratified_bootstrap(per_seed)
     worst = min(bootstrap_mean(d).estimate for d in per_seed)
     return (
-        f"{task}, pooled over seeds {sorted(r['seed'] for r in rows)}: ours - {against} "
+        f"{task}, pooled over seeds {sorted(seeds)}: ours - {against} "
         f"strict gain {_points(hierarchical)} points (seeds, then problems resampled); "
         f"t over seeds [{100 * over_seeds.low:+.1f}, {100 * over_seeds.high:+.1f}]; within "
         f"seeds only [{100 * within.low:+.1f}, {100 * within.high:+.1f}]; lowest seed "
@@ -434,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
 BLOCK_END = "<!-- end of grid table -->"
 BLOCK = re.compile(
     r"(?P<start><!-- grid table: benchmarks/learning_pool.py(?: (?P<source>\S+))? -->\n)"
-    r"(?:.*?\n)?<!-- end of grid table -->",
+    r"(?:.*?\n)?" + re.escape(BLOCK_END),
     re.S,
 )
 """A page's grid table; its marker names the run folder it shows (none: issue 35's, GRID)."""
@@ -467,8 +457,9 @@ def readme_block(table: str) -> str:
     def split(row: str) -> list[str]:
         return [c.strip() for c in row.strip("|").split("|")]
 
-    kept = [i for i, name in enumerate(split(header)) if name in README_COLUMNS]
-    out = ["| " + " | ".join(README_COLUMNS[split(header)[i]] for i in kept) + " |",
+    names = split(header)
+    kept = [i for i, name in enumerate(names) if name in README_COLUMNS]
+    out = ["| " + " | ".join(README_COLUMNS[names[i]] for i in kept) + " |",
            "|" + "---|" * len(kept)]  # fmt: skip
     for row in cells:
         values = split(row)
