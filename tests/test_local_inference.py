@@ -70,6 +70,23 @@ def test_vllm_replaces_the_embedded_server_for_env_and_trainer(
     assert flag(list(components.trainer(layout, evaluating, KEYS).argv), "--weight-sync") == "disk"
 
 
+def test_inference_args_reach_the_server_of_either_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_vllm_venv(tmp_path, monkeypatch)
+    layout = RunLayout(tmp_path, "/models/smol", 1, 2, version_path="/weight_info")
+    extra = ["--optimization-level", "0"]
+    vllm = components.inference(layout, LocalRunSettings(inference="vllm", inference_args=extra),
+                                KEYS)  # fmt: skip
+    assert list(vllm.argv[-2:]) == extra
+    assert (
+        "--optimization-level"
+        not in components.inference(layout, LocalRunSettings(inference="vllm"), KEYS).argv
+    )
+    embedded = components.inference(layout, LocalRunSettings(inference_args=["--seed", "7"]), KEYS)
+    assert list(embedded.argv[-2:]) == ["--seed", "7"]  # after ours: the user's flag wins
+
+
 def test_vllm_weight_version_is_read_from_weight_info_and_its_empty_health_is_ignored(
     tmp_path: Path,
 ) -> None:

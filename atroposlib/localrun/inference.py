@@ -67,7 +67,8 @@ class EmbeddedInference:
              "--port", str(layout.inference_port), "--served-model-name", "default",
              "--threads", str(settings.threads), "--max-threads", str(most),
              "--device", settings.device, "--dtype", dtype,
-             "--weight-roots", str(layout.checkpoints), "--seed", str(settings.seed)],
+             "--weight-roots", str(layout.checkpoints), "--seed", str(settings.seed),
+             *settings.inference_args],
             health_url=f"{layout.inference_url}/health",
             startup_timeout_s=settings.startup_timeout_s,
         )  # fmt: skip
@@ -110,7 +111,7 @@ class VllmInference:
              "--dtype", "bfloat16" if bf16 else "float32",
              "--max-model-len", "2048", "--logprobs-mode", "processed_logprobs",
              "--host", "127.0.0.1", "--port", str(layout.inference_port),
-             "--middleware", VLLM_GUARD],
+             "--middleware", VLLM_GUARD, *settings.inference_args],
             health_url=f"{layout.inference_url}/health",
             env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1",
                  "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": str(settings.threads)},

@@ -150,6 +150,12 @@ class LocalRunSettings(BaseSettings):
     trainer_args: list[str] = Field(
         default_factory=list, description="Extra flags for the trainer (atropos-grpo)."
     )
+    inference_args: list[str] = Field(
+        default_factory=list,
+        description="Extra flags for the inference server: atropos-inference's, or vLLM's "
+        'with --inference vllm (e.g. \'["--optimization-level", "0"]\': no torch.compile, a '
+        "start ~90 s shorter on 2 cores, slower decoding).",
+    )
     env_args: list[str] = Field(
         default_factory=list,
         description="Extra flags for the environment: its serve command and the held-out "

@@ -173,7 +173,14 @@ def accepted_flags() -> dict[str, str]:
         for name, run in found.items():
             for flag in flags_of(run, name):
                 owner.setdefault(flag, name)
-        for script in ("test", "demo", "setup-venv", "setup-vllm-cpu", "build-test-model"):
+        for script in (
+            "test",
+            "demo",
+            "setup-venv",
+            "setup-vllm-cpu",
+            "build-test-model",
+            "lock-deps",
+        ):
             for flag in _shell_script_flags(REPO / "scripts" / script):
                 owner.setdefault(flag, f"scripts/{script}")
     finally:

@@ -2,7 +2,8 @@
 
 The commands come from the README's block itself. Swapped, and only these: the hub model for
 the offline test model; ``python -m vllm...`` runs in vLLM's CPU venv (``--dtype float32``, the
-CPU's device); the fixed ports for free local ones; the env reads the GSM8K fixture file
+CPU's device; no torch.compile, ``NO_COMPILE``: the recipe's wiring is under test, not vLLM's
+kernels); the fixed ports for free local ones; the env reads the GSM8K fixture file
 rather than the hub dataset, with groups of 4 and 48-token answers; the trainer runs 2 steps of
 8 sequences instead of 200 of 64, saving under this test's folder.
 """
@@ -20,7 +21,13 @@ import pytest
 from atroposlib.utils.health import wait_healthy
 from tests.docs.doc_commands import REPO, DocCommand, doc_commands_in_block
 from tests.fakes import free_port
-from tests.vllm_testlib import model_path, stop_process_group, vllm_environment, vllm_python
+from tests.vllm_testlib import (
+    NO_COMPILE,
+    model_path,
+    stop_process_group,
+    vllm_environment,
+    vllm_python,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -75,7 +82,8 @@ def test_the_readme_cluster_recipe_runs_on_vllm(tmp_path: Path) -> None:
     vllm_argv = adapted(vllm, ports, save_dir)
     assert vllm_argv[:3] == ["VLLM_SERVER_DEV_MODE=1", "python", "-m"]
     vllm_env = vllm_environment({**run_env, "VLLM_SERVER_DEV_MODE": "1"})
-    vllm_cmd = [str(vllm_python()), *vllm_argv[2:], "--dtype", "float32", "--max-model-len", "1024"]
+    vllm_cmd = [str(vllm_python()), *vllm_argv[2:], "--dtype", "float32", "--max-model-len", "1024",
+                *NO_COMPILE]  # fmt: skip
     broker_argv = adapted(broker, ports, save_dir)
     broker_cmd = [sys.executable, "-m", "atroposlib.cli.run_api", *broker_argv[1:]]
     env_cmd = [sys.executable, *adapted(env, ports, save_dir)[1:], "--env.data_path",

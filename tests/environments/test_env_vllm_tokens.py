@@ -30,7 +30,7 @@ import torch
 from envcat_testlib import ADAPTERS, roll_out, roll_out_adapter, trained_spans, trainer_deltas
 
 from atroposlib.group import ScoredData
-from tests.vllm_testlib import RecordingProxy, VllmServer
+from tests.vllm_testlib import NO_COMPILE, RecordingProxy, VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -66,7 +66,10 @@ FOUND: dict[str, dict[str, float]] = {}
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory, test_model_path: Path) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VllmServer(test_model_path, log, dtype="float32") as server:
+    # no torch.compile: what this checks is the env's token path, and the trainer-vs-vLLM
+    # bound holds for vLLM's eager kernels too; the compiled graph's numerics are checked by
+    # tests/trainer/test_vllm_api_server_real.py and test_weight_sync_vllm_real.py
+    with VllmServer(test_model_path, log, dtype="float32", extra_args=NO_COMPILE) as server:
         yield server
 
 

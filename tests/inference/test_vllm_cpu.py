@@ -24,7 +24,7 @@ from inference_helpers import SERVED_NAME
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from tests.environments.envcat_testlib import ENVIRONMENTS, child_env
-from tests.vllm_testlib import VllmServer
+from tests.vllm_testlib import NO_COMPILE, VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -40,7 +40,8 @@ TRAP = "CPU Generator does not use offset"
 def vllm(tmp_path_factory: pytest.TempPathFactory, test_model_path: Path) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = VllmServer(test_model_path, log, dtype="float32", attach=False,
-                        extra_args=["--max-num-batched-tokens", str(CHUNK)],
+                        # eager kernels (the compiled graph's numerics: test_vllm_api_server_real)
+                        extra_args=["--max-num-batched-tokens", str(CHUNK), *NO_COMPILE],
                         extra_env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})  # fmt: skip
     with server:
         yield server
