@@ -245,9 +245,22 @@ def trajectory_group(
             "generation_params": dict(generation_params) if generation_params else None,
             "overrides": [_plain(o) for o in overrides] if overrides is not None else None,
             "group_overrides": _plain(group_overrides) if group_overrides is not None else None,
-            "extra": [_plain(e) for e in extra] if extra is not None else None,
+            "extra": _extra_with_moves(trajectories, extra),
         }
     )
+
+
+def _extra_with_moves(
+    trajectories: Sequence[Trajectory], extra: Sequence[BaseModel | Mapping[str, Any]] | None
+) -> list[dict[str, Any]] | None:
+    """``extra`` as plain dicts, each with its trajectory's ``server_moves`` where it moved."""
+    if not any(t.server_moves for t in trajectories):
+        return [_plain(e) for e in extra] if extra is not None else None
+    given = [_plain(e) for e in extra] if extra is not None else [{} for _ in trajectories]
+    return [
+        {**entry, "server_moves": t.server_moves} if t.server_moves else entry
+        for entry, t in zip(given, trajectories, strict=True)
+    ]
 
 
 def _open_reply_length(trajectory: Trajectory) -> int:

@@ -117,6 +117,9 @@ class Trajectory:
     exact: bool = True
     prompt_length: int = field(default=0)
     reply_start: int = field(default=0)
+    server_moves: list[dict[str, Any]] = field(default_factory=list)
+    """Where a session moved to another inference server because its own failed
+    (``{"turn", "from", "to", "reason"}`` each); empty when every turn ran on one server."""
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int], messages: Sequence[Message]) -> Trajectory:

@@ -114,6 +114,11 @@ class ModelRunner:
             weakref.WeakValueDictionary()
         )  # contexts some running row shares, by their tokens
         self._latest_prefixes: list[SharedPrefix] = []  # kept alive between requests
+        self.prompt_tokens = 0
+        """Tokens of the distinct contexts prefilled since the start."""
+        self.prompt_tokens_computed = 0
+        """Of ``prompt_tokens``, those run through the model; the rest continued a computed
+        beginning (a kept prompt, a running row's, or one shared with the same batch)."""
         self.model = load_model(model_path, device, self.dtype)
         self.vocab_size = int(self.model.config.vocab_size)
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -147,6 +152,7 @@ class ModelRunner:
             if row.params.seed is not None and row.generator is None:
                 row.generator = torch.Generator(self.device).manual_seed(row.params.seed)
         contexts = [tuple(row.context_ids) for row in rows]
+        self.prompt_tokens += sum(len(context) for context in set(contexts))
         if self.fast_decode:
             return self._prefill_shared(rows, contexts)
         unique = list(dict.fromkeys(contexts))
@@ -197,6 +203,7 @@ class ModelRunner:
                     if self.share_prompt_prefixes:  # a beginning for the next prompts
                         self._remember(prefix)
         for prefix, tails in _grouped(continued):
+            self.prompt_tokens_computed += sum(len(tail) - len(prefix.tokens) for tail in tails)
             kvs, tail_logits = run_tails(self.model, prefix, tails, self.pad_token_id)
             for i, context in enumerate(tails):
                 private[context], logits_of[context] = kvs[i], tail_logits[i]
@@ -253,6 +260,7 @@ class ModelRunner:
         """The transformers forward over ``contexts`` (left-padded): its cache, the mask
         (U, L) and each context's next-token logits (U, V)."""
         width = max(len(context) for context in contexts)
+        self.prompt_tokens_computed += sum(len(context) for context in contexts)
         ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(contexts), width), dtype=torch.long)
         for i, context in enumerate(contexts):

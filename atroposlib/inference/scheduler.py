@@ -60,6 +60,8 @@ class SchedulerStats:
     computed_rows: int = 0
     busy_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0
     preemptions: int = 0
     cancelled_requests: int = 0
     aborted_sequences: int = 0
@@ -422,6 +424,8 @@ class Scheduler:
             paused=self._paused,
             busy_seconds=self._busy_seconds,
             prefill_seconds=self._prefill_seconds,
+            prompt_tokens=(total := getattr(self.runner, "prompt_tokens", 0)),
+            prompt_tokens_reused=total - getattr(self.runner, "prompt_tokens_computed", 0),
             **self._counts,
         )
 

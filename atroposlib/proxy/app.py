@@ -296,7 +296,11 @@ def _add_create_route(
             server = table.pick_server(body.base_url)
         except ServerChoiceError as exc:
             raise HTTPException(exc.status_code, str(exc)) from exc
-        recorder = SessionRecorder(server, tokenizer, body.tool_parser, settings.max_attempts)
+        # a session that named its server stays there; the others move only if theirs fails
+        spare = table.spare_for if body.base_url is None else None
+        recorder = SessionRecorder(
+            server, tokenizer, body.tool_parser, settings.max_attempts, spare=spare
+        )
         session = ProxySession(
             uuid=_new_session_id(), recorder=recorder, model_name=model_name,
             tool_parser=body.tool_parser, base_url=table.base_url_of(server),

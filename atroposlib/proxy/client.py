@@ -214,4 +214,5 @@ def node_trajectory(node: SequenceNode, messages: list[Message]) -> Trajectory:
         turns=len(replies),
         prompt_length=first,
         reply_start=starts[-1] if starts else first,
+        server_moves=list(metadata.get("server_moves") or []),
     )

@@ -23,6 +23,7 @@ from atroposlib.envs.hermes import tool_calls_as_text, tools_prompt
 from atroposlib.envs.server_handling.managed import SequenceNode
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_baseline import APIServer, TokenAnswer
+from atroposlib.envs.server_handling.session_server import REASON_CHARS, base_url_of
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import InferenceError, InferenceRejectedError
 from atroposlib.proxy.protocol import (
@@ -95,16 +96,42 @@ class PinnedBackend:
     """One inference server as managed mode's token backend, with retries on transient
     failures. Our servers sample with ``generate``, and the weight version of each sample of
     the last call is kept in ``last_versions``; any other server object is asked Atropos's
-    token call (``tokens_and_logprobs_completion``), checked for a well-formed answer."""
+    token call (``tokens_and_logprobs_completion``), checked for a well-formed answer.
 
-    def __init__(self, server: Any, attempts: int) -> None:
+    ``spare``: given the failed server, another to move the session to (None: none, or the
+    session asked for its server by ``base_url``); each move is kept in ``moves`` and named in
+    the nodes sampled after it (:meth:`node_metadata`)."""
+
+    def __init__(
+        self, server: Any, attempts: int, spare: Callable[[Any], Any | None] | None = None
+    ) -> None:
         self.server = server
         self.config = getattr(server, "config", None)
         self.attempts = attempts
+        self.spare = spare
         self.last_versions: list[int | None] = []
+        self.turns = 0
+        self.moves: list[dict[str, Any]] = []
 
     async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
-        server, n = self.server, int(kwargs.get("n") or 1)
+        self.turns += 1
+        try:
+            return await self._sample_on(self.server, kwargs)
+        except InferenceRejectedError:
+            raise
+        except InferenceError as exc:
+            spare = self.spare(self.server) if self.spare is not None else None
+            if spare is None:
+                raise
+            move = {"turn": self.turns, "from": base_url_of(self.server), "to": base_url_of(spare)}
+            self.moves.append({**move, "reason": str(exc)[:REASON_CHARS]})
+            logger.warning("proxy session moved from %s to %s: %s",
+                           base_url_of(self.server), base_url_of(spare), exc)  # fmt: skip
+            self.server, self.config = spare, getattr(spare, "config", None)
+            return await self._sample_on(spare, kwargs)
+
+    async def _sample_on(self, server: Any, kwargs: dict[str, Any]) -> TokenAnswer:
+        n = int(kwargs.get("n") or 1)
         self.last_versions = []
         if _speaks_generate(server):
             input_ids = list(kwargs["input_ids"])
@@ -116,6 +143,11 @@ class PinnedBackend:
                     [s.finish_reason for s in samples])  # fmt: skip
         answer = await self._retrying(lambda: server.tokens_and_logprobs_completion(**kwargs))
         return checked_token_answer(answer, n)
+
+    def node_metadata(self) -> dict[str, Any]:
+        """The server that sampled the node, and the session's moves so far (if any)."""
+        where: dict[str, Any] = {"server": base_url_of(self.server)}
+        return {**where, "server_moves": list(self.moves)} if self.moves else where
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         for attempt in range(1, self.attempts + 1):
@@ -135,8 +167,15 @@ class SessionRecorder(ManagedServer):
     """The session's managed server over a :class:`PinnedBackend`; nodes also carry the
     oldest weight version that sampled any of their ids (``metadata["weight_version"]``)."""
 
-    def __init__(self, server: Any, tokenizer: Any, tool_parser: str, attempts: int) -> None:
-        self.backend = PinnedBackend(server, attempts)
+    def __init__(
+        self,
+        server: Any,
+        tokenizer: Any,
+        tool_parser: str,
+        attempts: int,
+        spare: Callable[[Any], Any | None] | None = None,
+    ) -> None:
+        self.backend = PinnedBackend(server, attempts, spare)
         super().__init__(self.backend, tokenizer, tool_parser=tool_parser)
 
     def input_ids_for(self, prompt: str) -> list[int]:

@@ -125,6 +125,17 @@ class SessionTable:
         healthy = [s for s in usable if getattr(s, "server_healthy", True)] or usable
         return max(healthy, key=_free_slots)
 
+    def spare_for(self, failed: Any) -> Any | None:
+        """Where a session moves when ``failed`` fails: the healthy token server other than it
+        with most free slots, else None."""
+        others = [s for s in self.servers if s is not failed and _records_tokens(s)]
+        healthy = [s for s in others if getattr(s, "server_healthy", True) and not _dead(s)]
+        return max(healthy, key=_free_slots) if healthy else None
+
+
+def _dead(server: Any) -> bool:
+    return getattr(server, "dead", None) is not None
+
 
 def _no_tokens(server: Any) -> str:
     kind = getattr(getattr(server, "config", None), "server_type", "unknown")

@@ -254,6 +254,14 @@ class InferenceHealthResponse(BaseModel):
     prefill_seconds: float = Field(
         default=0.0, description="Of busy_seconds, those spent prefilling new rows."
     )
+    prompt_tokens: int = Field(
+        default=0, description="Tokens of the distinct prompts prefilled since the start."
+    )
+    prompt_tokens_reused: int = Field(
+        default=0,
+        description="Of prompt_tokens, those not run again: they continued a beginning already "
+        "computed (the prefix cache's hits, in tokens).",
+    )
     preemptions: int = Field(default=0, description="Rows paused for a fairer share (resumed).")
     cancelled_requests: int = Field(default=0, description="Requests whose client left.")
     aborted_sequences: int = Field(default=0, description="Sequences ended by pause(abort).")

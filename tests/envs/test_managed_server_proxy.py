@@ -80,7 +80,11 @@ async def test_an_openai_agent_with_tools_is_recorded_as_one_exact_sequence(
         nodes = (await http.get(f"/{session}/nodes")).json()["nodes"]
     assert len(nodes) == 1
     assert_one_exact_node(nodes[0], engine)
-    assert nodes[0]["metadata"] == {"finish_reason": "stop", "weight_version": 3}
+    assert nodes[0]["metadata"] == {
+        "finish_reason": "stop",
+        "weight_version": 3,
+        "server": "http://engine-a/v1",
+    }
     first_prompt = tokenizer.decode(engine.requests[0][0])
     assert '"name": "calculate"' in first_prompt  # SmolLM2 cannot render tools: listed
     assert engine.requests[0][1]["temperature"] == 1.0

@@ -111,6 +111,7 @@ class ManagedServer:
             context_masks = [*parent.masked_tokens, *[MASK_IGNORE_INDEX] * added]
             context_logprobs = [*parent.logprobs, *[PROMPT_LOGPROB] * added]
         sampled = []
+        where = _session_metadata(self.server)
         for output_ids, output_logprobs, reason in zip(outputs, logprobs, reasons, strict=True):
             raw = self.tokenizer.decode(output_ids, skip_special_tokens=False)
             node = SequenceNode(
@@ -118,7 +119,7 @@ class ManagedServer:
                 tokens=[*prompt_ids, *output_ids],
                 masked_tokens=[*context_masks, *output_ids],
                 logprobs=[*context_logprobs, *output_logprobs],
-                metadata={"finish_reason": reason},
+                metadata={"finish_reason": reason, **where},
             )
             sampled.append((node, list(output_ids)))
         children = [node for node, _ in sampled]
@@ -158,6 +159,13 @@ def _checked(answer: TokenAnswer, parent: SequenceNode | None) -> TokenAnswer:
         if len(ids) != len(row):
             raise InferenceError(f"the server returned {len(row)} logprobs for {len(ids)} ids")
     return list(prompt_ids), outputs, logprobs, reasons
+
+
+def _session_metadata(server: Any) -> dict[str, Any]:
+    """What a backend that keeps a session on one server says about where it sampled (the
+    server, any moves); nothing for other backends."""
+    describe = getattr(server, "node_metadata", None)
+    return dict(describe()) if callable(describe) else {}
 
 
 def _tokenizer_of(server: Any) -> Any:

@@ -17,6 +17,11 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
+from atroposlib.envs.server_handling.choices import (
+    all_choices,
+    generate_all,
+    merge_choices,
+)
 from atroposlib.envs.server_handling.circuit import CircuitState
 from atroposlib.envs.server_handling.dedicated import DedicatedServer
 from atroposlib.envs.server_handling.managed_server import (
@@ -35,6 +40,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     sample_tokens,
 )
 from atroposlib.envs.server_handling.server_harness import ServerHarness
+from atroposlib.envs.server_handling.session_server import SessionServer
 from atroposlib.envs.server_handling.sglang_server import EmbeddedServer, SGLangServer
 from atroposlib.envs.server_handling.slurm import resolve_server_configs
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
@@ -49,6 +55,7 @@ from atroposlib.errors import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 BACKENDS: dict[str, type[APIServer]] = {
     "openai": OpenAIServer,
@@ -192,6 +199,10 @@ class ServerManager:
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), timeout=timeout)
 
+    async def least_loaded(self, split: str, servers: Sequence[APIServer]) -> APIServer:
+        """The usable one of ``servers`` with the most free slots (waits while none is)."""
+        return await self._acquire(split, servers)
+
     async def call_on(
         self, split: str, op: Callable[[APIServer], Awaitable[T]], servers: Sequence[APIServer]
     ) -> T:
@@ -228,7 +239,8 @@ class ServerManager:
 
     # ---- OpenAI-style calls -------------------------------------------------------------
 
-    def _chunks(self, n: int) -> list[int]:
+    def split_chunks(self, n: int) -> list[int]:
+        """``n`` as requests of at most ``max_n_completions`` choices each."""
         sizes = [self.max_n_completions] * (n // self.max_n_completions)
         return sizes + ([n % self.max_n_completions] if n % self.max_n_completions else [])
 
@@ -239,7 +251,12 @@ class ServerManager:
         async def one(server: APIServer, chunk: int) -> Any:
             method = server.chat_completion if kind == "chat" else server.completion
             if not server.config.n_kwarg_is_ignored or chunk == 1:
-                return await method(**{**kwargs, "n": chunk, "split": split})
+
+                async def ask(count: int) -> Any:
+                    return await method(**{**kwargs, "n": count, "split": split})
+
+                parts = await all_choices(ask, chunk, server, lambda r: len(r.choices))
+                return merge_choices(parts)
             parts = await asyncio.gather(
                 *(method(**{**kwargs, "n": 1, "split": split}) for _ in range(chunk))
             )
@@ -248,7 +265,7 @@ class ServerManager:
         def op(chunk: int) -> Callable[[APIServer], Awaitable[Any]]:
             return lambda server: one(server, chunk)
 
-        results = await asyncio.gather(*(self._call(split, op(c)) for c in self._chunks(n)))
+        results = await asyncio.gather(*(self._call(split, op(c)) for c in self.split_chunks(n)))
         return merge_choices(list(results))
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
@@ -272,9 +289,10 @@ class ServerManager:
         split = "eval" if sampling.get("split", "train") != "train" else "train"
 
         def op(chunk: int) -> Callable[[APIServer], Awaitable[list[GeneratedSequence]]]:
-            return lambda server: server.generate(input_ids, chunk, sampling)
+            return lambda server: generate_all(server, input_ids, chunk, sampling)
 
-        results = await asyncio.gather(*(self._call(split, op(c), pool) for c in self._chunks(n)))
+        chunks = self.split_chunks(n)
+        results = await asyncio.gather(*(self._call(split, op(c), pool) for c in chunks))
         return [sequence for chunk in results for sequence in chunk]
 
     async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
@@ -308,6 +326,11 @@ class ServerManager:
     ) -> AsyncIterator[Any]:
         """Tracks token ids, prompt masks and logprobs of every completion made inside.
 
+        Every turn goes to the server of the block's first turn (one of those at ``base_url``
+        if given), so it continues the prefix that server has cached; the block moves to
+        another only when that one fails, and the nodes sampled after a move say so
+        (``metadata["server_moves"]``, see :mod:`.session_server`).
+
         Servers without token ids (``server_type: openai``) give placeholder nodes when
         ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1`` (evaluation only), as in Atropos 0.4.
         """
@@ -318,7 +341,7 @@ class ServerManager:
             managed: Any = dummy_or_refuse(self, pool[0])
         else:
             managed = ManagedServer(
-                self if not base_url else _Pinned(self, pool),
+                SessionServer(self, [s for s in pool if s.supports_token_ids]),
                 tokenizer=tokenizer or self._default_tokenizer(),
                 tool_parser=self.tool_parser,
                 preserve_think_blocks=preserve_think_blocks,
@@ -362,28 +385,6 @@ class ServerManager:
             await server.close()
 
 
-class _Pinned:
-    """A manager whose ``generate`` uses only the given servers (``managed_server(base_url=)``)."""
-
-    def __init__(self, manager: ServerManager, servers: list[APIServer]) -> None:
-        self.manager = manager
-        self.servers = servers
-
-    async def generate(
-        self, input_ids: list[int], n: int, sampling: dict[str, Any]
-    ) -> list[GeneratedSequence]:
-        split = "eval" if sampling.get("split", "train") != "train" else "train"
-        return await self.manager.call_on(
-            split, lambda server: server.generate(input_ids, n, sampling), self.servers
-        )
-
-    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
-        return await sample_tokens(self.generate, lambda: self.servers[0].tokenizer, kwargs)
-
-    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
-        return await self.manager.get_logprobs(**kwargs)
-
-
 def engine_dead(server: APIServer) -> str | None:
     """Why the server's engine counts as dead; None for a live one or a server of Atropos's
     shape (set by hand, no ``dead`` attribute)."""
@@ -395,16 +396,6 @@ def free_slots(server: APIServer, split: str) -> int:
     training, ``eval_sem`` for evaluation), whatever class the server is."""
     semaphore: AsyncSemWithAdaptiveWeight = server.eval_sem if split == "eval" else server.sem
     return semaphore.free
-
-
-def merge_choices(responses: list[Any]) -> Any:
-    """One response whose choices are those of every response, re-indexed 0..n-1."""
-    merged = responses[0]
-    choices = [choice for response in responses for choice in response.choices]
-    for index, choice in enumerate(choices):
-        choice.index = index
-    merged.choices = choices
-    return merged
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,129 @@
+"""One multi-turn session, one inference server: every turn of a ``managed_server()`` block
+goes to the server its first turn went to, so each turn continues the prefix the server
+already computed (its prefix cache) instead of prefilling the whole conversation elsewhere.
+Only when that server fails (its retries spent, its engine dead, its circuit open) does the
+session move, and each move is written into the metadata of every node sampled after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from atroposlib.envs.server_handling.choices import generate_all
+from atroposlib.envs.server_handling.circuit import CircuitState
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    GeneratedSequence,
+    TokenAnswer,
+    sample_tokens,
+)
+from atroposlib.errors import InferenceEngineDeadError, InferenceUnavailableError
+
+T = TypeVar("T")
+
+REASON_CHARS = 300
+"""A move's reason is cut to this many characters (it is the failure's message)."""
+
+
+class Router(Protocol):
+    """What a session needs of the ServerManager."""
+
+    def split_chunks(self, n: int) -> list[int]: ...
+
+    async def least_loaded(self, split: str, servers: Sequence[APIServer]) -> APIServer: ...
+
+    async def call_on(
+        self, split: str, op: Callable[[APIServer], Awaitable[T]], servers: Sequence[APIServer]
+    ) -> T: ...
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]: ...
+
+
+class SessionServer:
+    """The token backend of one ``managed_server()`` block over ``servers``.
+
+    ``server`` is the one the session samples on (None before the first turn); ``moves`` one
+    ``{"turn", "from", "to", "reason"}`` per move. :meth:`node_metadata` is what the managed
+    server adds to each node it records.
+    """
+
+    def __init__(self, router: Router, servers: Sequence[APIServer]) -> None:
+        self.router = router
+        self.servers = list(servers)
+        self.server: APIServer | None = None
+        self.turns = 0
+        self.moves: list[dict[str, Any]] = []
+
+    async def generate(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        split = "eval" if sampling.get("split", "train") != "train" else "train"
+        self.turns += 1
+        if self.server is None:
+            self.server = await self.router.least_loaded(split, self.servers)
+        reason = out_of_service(self.server)
+        if reason is None:
+            try:
+                return await self._on(self.server, split, input_ids, n, sampling)
+            except (InferenceUnavailableError, InferenceEngineDeadError) as exc:
+                reason = str(exc)
+        others = [s for s in self.servers if s is not self.server]
+        if not others:
+            return await self._on(self.server, split, input_ids, n, sampling)
+        left = self.server
+        self.server = await self.router.least_loaded(split, others)
+        move = {"turn": self.turns, "from": base_url_of(left), "to": base_url_of(self.server)}
+        self.moves.append({**move, "reason": reason[:REASON_CHARS]})
+        return await self._on(self.server, split, input_ids, n, sampling)
+
+    async def _on(
+        self, server: APIServer, split: str, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        """``n`` sequences from ``server`` alone, in the manager's chunks of ``n``."""
+
+        def op(chunk: int) -> Callable[[APIServer], Awaitable[list[GeneratedSequence]]]:
+            return lambda s: generate_all(s, input_ids, chunk, sampling)
+
+        chunks = self.router.split_chunks(n)
+        parts = await asyncio.gather(*(self.router.call_on(split, op(c), [server]) for c in chunks))
+        return [sequence for part in parts for sequence in part]
+
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> TokenAnswer:
+        return await sample_tokens(self.generate, lambda: self.servers[0].tokenizer, kwargs)
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        if self.server is None:
+            return await self.router.get_logprobs(**kwargs)
+        split = "eval" if kwargs.pop("split", "train") != "train" else "train"
+        return await self.router.call_on(
+            split, lambda s: s.get_logprobs(**kwargs, split=split), [self.server]
+        )
+
+    def node_metadata(self) -> dict[str, Any]:
+        """The server that sampled the node, and the session's moves so far (if any)."""
+        if self.server is None:
+            return {}
+        where: dict[str, Any] = {"server": base_url_of(self.server)}
+        return {**where, "server_moves": list(self.moves)} if self.moves else where
+
+
+def out_of_service(server: APIServer) -> str | None:
+    """Why ``server`` cannot take a turn now without a wait (dead engine, open circuit,
+    unhealthy), else None."""
+    dead = getattr(server, "dead", None)
+    if dead is not None:
+        return str(dead)
+    breaker = getattr(server, "breaker", None)
+    if breaker is not None:
+        if breaker.state is CircuitState.OPEN and not breaker.allows_request():
+            return f"{base_url_of(server)}: circuit open after repeated failures"
+        return None
+    if not getattr(server, "server_healthy", True):
+        return f"{base_url_of(server)}: marked unhealthy"
+    return None
+
+
+def base_url_of(server: Any) -> str:
+    return str(getattr(getattr(server, "config", None), "base_url", None) or "")
