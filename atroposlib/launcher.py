@@ -1,8 +1,9 @@
 """Start, watch and stop the processes of a local run (broker, inference, env, trainer).
 
 Each component runs in its own process group with its output in ``<run_dir>/logs/<name>.log``.
-``start`` returns once the component answers its health URL; ``stop_all`` ends components in
-reverse order (SIGTERM to the group, then SIGKILL), so nothing is left behind.
+``start`` refuses a component whose health port something already listens on, and returns once
+the component itself answers its health URL (:mod:`atroposlib.utils.ports`); ``stop_all`` ends
+components in reverse order (SIGTERM to the group, then SIGKILL), so nothing is left behind.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import httpx
 
 from atroposlib.errors import AtroposError
 from atroposlib.utils.health import NotHealthyError, log_tail, wait_healthy
+from atroposlib.utils.ports import PortTakenError, ensure_port_free, host_port
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,11 @@ class Supervisor:
         self._running: list[_Running] = []
 
     def start(self, component: Component) -> None:
+        if component.health_url:
+            try:
+                ensure_port_free(*host_port(component.health_url), component.name)
+            except PortTakenError as err:
+                raise ComponentFailedError(str(err)) from err
         log_path = self.log_dir / f"{component.name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop_all
         process = subprocess.Popen(

@@ -31,10 +31,13 @@ import httpx
 from torch import Tensor, nn
 
 from atroposlib.utils.health import NotHealthyError, wait_healthy
+from atroposlib.utils.ports import PortTakenError, ensure_port_free, host_port
 from example_trainer.config import LIVE_SYNC, TrainerConfig
 from example_trainer.sync_report import SyncReport
 
 logger = logging.getLogger(__name__)
+
+PORT_RELEASE_S = 30.0
 
 
 class WeightSync(Protocol):
@@ -181,7 +184,8 @@ class LoraHotLoad(_HttpSync):
 
 
 class VllmRestart:
-    """One server process per URL, started from ``command`` ({model}, {port}) and restarted."""
+    """One server process per URL, started from ``command`` ({model}, {port}) and restarted;
+    never on a port something else listens on, and healthy only once it answers itself."""
 
     writes: Literal["full", "adapter", "tensors"] = "full"
 
@@ -199,19 +203,32 @@ class VllmRestart:
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def _stop(self, url: str) -> None:
+    def _stop(self, url: str) -> bool:
+        """Stop the server of ``url``; whether one was running."""
         proc = self.procs.pop(url, None)
         if proc is None or proc.poll() is not None:
-            return
+            return False
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        return True
 
-    def _launch(self, url: str, model: str) -> str | None:
+    def _launch(self, url: str, model: str, release_s: float = 0.0) -> str | None:
+        """Start the server of ``url``; ``release_s``: how long the port may take to be let go
+        by the one just stopped (its workers can hold the socket a moment after it exits)."""
         port = urlparse(url).port or 8000
+        deadline = time.monotonic() + release_s
+        while True:
+            try:
+                ensure_port_free(host_port(url)[0], port, f"vLLM for {url}")
+                break
+            except PortTakenError as err:
+                if time.monotonic() >= deadline:
+                    return str(err)
+                time.sleep(0.5)
         argv = shlex.split(self.command.format(model=model, port=port))
         self.procs[url] = proc = subprocess.Popen(argv, env=self.env)
         try:
@@ -223,8 +240,8 @@ class VllmRestart:
     def _restart(self, url: str, model: str) -> str | None:
         error: str | None = "not attempted"
         for attempt in range(self.retries + 1):
-            self._stop(url)
-            error = self._launch(url, model)
+            stopped = self._stop(url)
+            error = self._launch(url, model, PORT_RELEASE_S if stopped else 0.0)
             if error is None:
                 return None
             logger.warning("restarting %s failed (attempt %d): %s", url, attempt + 1, error)

@@ -4,6 +4,11 @@
 # Every component is one `srun` step started in the background with job control on, so it
 # leads its own process group. `atropos_cleanup` (trapped on EXIT) sends TERM to every step
 # (scancel --signal), waits ATROPOS_STOP_GRACE seconds, then kills the srun process groups.
+#
+# A wait trusts only the step it started: `atropos_port_free` stops the job before a launch
+# when something already answers on the port, and `atropos_wait_healthy` accepts an answer only
+# when every socket listening on the port is held by a process of that step (each step carries
+# ATROPOS_STEP=<job id>/<name> in its environment, which its children inherit).
 
 ATROPOS_PIDS=()
 ATROPOS_NAMES=()
@@ -35,7 +40,7 @@ atropos_launch() {
     set -m
     local extra
     read -r -a extra <<<"${SRUN_ARGS:-}"
-    srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap --kill-on-bad-exit=1 \
+    ATROPOS_STEP="$SLURM_JOB_ID/$name" srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap --kill-on-bad-exit=1 \
         --job-name="$name" --output="$LOG_DIR/$name.log" --error="$LOG_DIR/$name.log" \
         "${extra[@]}" "${srun_opts[@]}" "$@" &
     local pid=$!
@@ -68,11 +73,64 @@ atropos_probe() {
     fi
 }
 
+# atropos_host_port URL: "HOST PORT" of http://HOST:PORT/...
+atropos_host_port() {
+    local rest=${1#*://}
+    rest=${rest%%/*}
+    printf '%s %s\n' "${rest%:*}" "${rest##*:}"
+}
+
+# atropos_port_free NAME URL: stop the job, naming HOST:PORT, when something already accepts
+# connections where NAME is to listen (a connect test, from here: its node may be another one).
+atropos_port_free() {
+    local name=$1 host port
+    read -r host port <<<"$(atropos_host_port "$2")"
+    # shellcheck disable=SC2016  # $1 and $2 are the inner bash's arguments
+    if timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port" 2>/dev/null; then
+        atropos_die "port $host:$port is already in use; not starting $name"
+    fi
+}
+
+# atropos_port_holders PORT MARKER, on the server's node: succeeds when every socket listening
+# on PORT is held by a process whose environment has ATROPOS_STEP=MARKER; else prints who holds
+# one and fails. It reads /proc only, so it needs no `ss`.
+atropos_port_holders() {
+    local port=$1 marker=$2 inode fd pid holders ours inodes=()
+    mapfile -t inodes < <(awk -v p=":$(printf '%04X' "$port")" \
+        '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' /proc/net/tcp{,6} 2>/dev/null)
+    ((${#inodes[@]} > 0)) || { printf 'no process on this node'; return 1; }
+    for inode in "${inodes[@]}"; do
+        ours=0 holders=""
+        while read -r fd; do
+            pid=${fd#/proc/}
+            pid=${pid%%/*}
+            holders+="${holders:+, }pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null))"
+            if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "ATROPOS_STEP=$marker"; then
+                ours=1
+            fi
+        done < <(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$inode\]" 2>/dev/null)
+        if ((!ours)); then
+            printf '%s' "${holders:-a process of another user}"
+            return 1
+        fi
+    done
+}
+
+# atropos_on_node NODE FUNCTION [ARG...]: run one of these functions on NODE, as a step of its own.
+atropos_on_node() {
+    local node=$1 extra
+    shift
+    read -r -a extra <<<"${SRUN_ARGS:-}"
+    srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap --job-name=atropos-port-check \
+        "${extra[@]}" bash -c "$(declare -f "$1"); \"\$@\"" _ "$@"
+}
+
 # atropos_wait_healthy NAME URL [TIMEOUT_S] [TOKEN]: poll URL until it answers 2xx (with a
-# bearer TOKEN when given). Fails at once when the component's process has already exited.
+# bearer TOKEN when given), then make sure NAME's step holds the port (not another server that
+# was there first). Fails at once when the component's process has already exited.
 atropos_wait_healthy() {
     local name=$1 url=$2 timeout=${3:-${HEALTH_TIMEOUT:-900}} token=${4:-}
-    local deadline=$((SECONDS + timeout)) pid="" i
+    local deadline=$((SECONDS + timeout)) pid="" i host port holder
     for i in "${!ATROPOS_NAMES[@]}"; do
         [[ ${ATROPOS_NAMES[$i]} == "$name" ]] && pid=${ATROPOS_PIDS[$i]}
     done
@@ -84,6 +142,10 @@ atropos_wait_healthy() {
         ((SECONDS < deadline)) || atropos_die "$name not healthy after ${timeout}s: $url"
         sleep 2
     done
+    read -r host port <<<"$(atropos_host_port "$url")"
+    if ! holder=$(atropos_on_node "$host" atropos_port_holders "$port" "$SLURM_JOB_ID/$name"); then
+        atropos_die "$name: $url answered, but port $host:$port is held by $holder, not by $name; stop that one or choose another port"
+    fi
     atropos_log "$name is healthy"
 }
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,39 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+HEALTH_SERVER = """
+import http.server, signal, sys
+
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+"""
+"""``python -c HEALTH_SERVER PORT``: answers 200 to every GET on 127.0.0.1:PORT."""
+
+
+@contextmanager
+def health_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A process of its own answering 200 on 127.0.0.1:``port`` (another server already on a
+    port), running once it answers; stopped at the end."""
+    from atroposlib.utils.health import wait_healthy
+
+    process = subprocess.Popen([sys.executable, "-c", HEALTH_SERVER, str(port)])
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", timeout_s=30, poll_s=0.02, process=process)
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 class CharTokenizer:

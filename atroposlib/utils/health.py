@@ -4,7 +4,11 @@ benchmarks and the tests.
 ``wait_healthy(url)`` returns once ``GET url`` answers 2xx; ``wait_healthy_async`` is the same
 loop for a caller inside an event loop. Either raises :class:`NotHealthyError` when the deadline
 passes, or as soon as the server's own process (``process``) exits, naming its exit code and, when
-``log_path`` is given, the log with its last lines.
+``log_path`` is given, the log with its last lines. A wait for a ``process`` also makes sure
+that what answered is that process: once the URL answers, every socket listening on its port
+must be held by the process or one of its descendants, else the error (one line) names the port
+and its holder, and nothing is reported healthy (``own_port=False`` for a command whose port a
+container runtime publishes).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Protocol
 import httpx
 
 from atroposlib.errors import AtroposError
+from atroposlib.utils.ports import foreign_listener, host_port
 
 __all__ = ["NotHealthyError", "log_tail", "wait_healthy", "wait_healthy_async"]
 
@@ -36,6 +41,8 @@ class NotHealthyError(AtroposError):
 
 class Process(Protocol):
     """What the wait needs of a server's process: ``subprocess.Popen`` has it."""
+
+    pid: int
 
     def poll(self) -> int | None: ...
 
@@ -59,6 +66,7 @@ class _Wait:
     process: Process | None
     log_path: Path | None
     name: str | None
+    own_port: bool
 
     def check(self, deadline: float) -> None:
         """Raise if the process has exited or the deadline has passed."""
@@ -67,6 +75,20 @@ class _Wait:
             raise self._error(f"exited with code {code} before it answered {self.url}", code)
         if time.monotonic() > deadline:
             raise self._error(f"did not answer {self.url} with 2xx within {self.timeout_s:g} s")
+
+    def confirm_owner(self) -> None:
+        """Raise, in one line naming the port, if another process holds the URL's port."""
+        if self.process is None or not self.own_port:
+            return
+        host, port = host_port(self.url)
+        holder = foreign_listener(host, port, self.process.pid)
+        if holder is not None:
+            raise NotHealthyError(
+                f"{self.name or 'the server'}: {self.url} answered, but port {port} is held by "
+                f"{holder}, not by the process we started (pid {self.process.pid}); stop that "
+                "one or choose another port",
+                url=self.url,
+            )
 
     def _error(self, what: str, exit_code: int | None = None) -> NotHealthyError:
         message = f"{self.name or 'the server'} {what}"
@@ -85,20 +107,24 @@ def wait_healthy(
     name: str | None = None,
     headers: Mapping[str, str] | None = None,
     client: httpx.Client | None = None,
+    own_port: bool = True,
 ) -> None:
     """Poll ``GET url`` every ``poll_s`` until it answers 2xx (``name``: the server in the
-    error, e.g. "the broker"; ``client``: the one to poll with, e.g. one carrying a key)."""
-    wait = _Wait(url, timeout_s, process, log_path, name)
+    error, e.g. "the broker"; ``client``: the one to poll with, e.g. one carrying a key;
+    ``own_port``: with ``process``, its tree must hold the URL's port)."""
+    wait = _Wait(url, timeout_s, process, log_path, name, own_port)
     deadline = time.monotonic() + timeout_s
     http = client or httpx.Client(timeout=min(5.0, timeout_s))
     try:
         while True:
             wait.check(deadline)
             try:
-                if http.get(url, headers=headers).is_success:
-                    return
+                answered = http.get(url, headers=headers).is_success
             except httpx.RequestError:
-                pass
+                answered = False
+            if answered:
+                wait.confirm_owner()
+                return
             time.sleep(poll_s)
     finally:
         if client is None:
@@ -114,16 +140,19 @@ async def wait_healthy_async(
     log_path: Path | None = None,
     name: str | None = None,
     headers: Mapping[str, str] | None = None,
+    own_port: bool = True,
 ) -> None:
     """:func:`wait_healthy` for a caller in an event loop: it sleeps without blocking it."""
-    wait = _Wait(url, timeout_s, process, log_path, name)
+    wait = _Wait(url, timeout_s, process, log_path, name, own_port)
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=min(5.0, timeout_s)) as http:
         while True:
             wait.check(deadline)
             try:
-                if (await http.get(url, headers=headers)).is_success:
-                    return
+                answered = (await http.get(url, headers=headers)).is_success
             except httpx.RequestError:
-                pass
+                answered = False
+            if answered:
+                wait.confirm_owner()
+                return
             await asyncio.sleep(poll_s)

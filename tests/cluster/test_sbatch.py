@@ -2,7 +2,9 @@
 
 ``scontrol``, ``srun``, ``scancel`` and ``curl`` on PATH are small shell fakes: srun records
 its arguments and, for a server, waits for TERM (as a real server would); for the trainer it
-exits at once. Everything else (bash, the placement CLI, YAML generation) is the real thing.
+exits at once; asked who holds a port after a health wait, it answers "the step" unless the
+port is ``FAKE_PORT_HELD`` (slurm/lib.sh's real check: tests/test_own_process_waits.py).
+Everything else (bash, the placement CLI, YAML generation) is the real thing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fakes import free_port, health_server
+
 REPO = Path(__file__).resolve().parents[2]
 
 FAKES = {
@@ -29,6 +33,11 @@ FAKES = {
 tr ' ' '\\n' <<<"$FAKE_HOSTS"
 """,
     "srun": """#!/usr/bin/env bash
+if [[ " $* " == *" --job-name=atropos-port-check "* ]]; then  # who holds port ${*: -2:1}?
+    [[ ${*: -2:1} == "${FAKE_PORT_HELD:-}" ]] || exit 0
+    printf 'pid 4242 (decoy)'
+    exit 1
+fi
 printf '%s\\0' "$@" >"$FAKE_DIR/srun/$$.args"
 echo $$ >"$FAKE_DIR/pids/$$"
 name=""
@@ -211,6 +220,27 @@ def test_a_server_that_dies_fails_the_job_before_the_trainer_starts(tmp_path: Pa
     assert "inference-gpu002-9001 exited before it was healthy" in job.output
     assert not job.launched("trainer") and not job.launched("env-gsm8k")
     assert "broker" in job.terminated and "inference-gpu002-9000" in job.terminated
+
+
+def test_a_port_another_process_holds_fails_the_job_before_the_trainer_starts(
+    tmp_path: Path,
+) -> None:
+    job = run_job(tmp_path, "multi-node", ["gpu001", "gpu002"], FAKE_PORT_HELD="9001")
+    assert job.returncode == 1
+    assert (
+        "error: inference-gpu002-9001: http://gpu002:9001/health answered, but port "
+        "gpu002:9001 is held by pid 4242 (decoy), not by inference-gpu002-9001"
+    ) in job.output
+    assert "inference-gpu002-9001 is healthy" not in job.output
+    assert not job.launched("trainer") and not job.launched("env-gsm8k")
+
+
+def test_a_taken_broker_port_stops_the_job_before_anything_starts(tmp_path: Path) -> None:
+    port = free_port()
+    with health_server(port):
+        job = run_job(tmp_path, "slurm-cpu-trial", ["127.0.0.1"], BROKER_PORT=str(port))
+    assert job.returncode == 1 and job.launches == []
+    assert f"error: port 127.0.0.1:{port} is already in use; not starting broker" in job.output
 
 
 def test_a_failing_trainer_is_the_jobs_exit_status(tmp_path: Path) -> None:

@@ -1,4 +1,9 @@
-"""An OpenEnv server this process starts from a local command."""
+"""An OpenEnv server this process starts from a local command.
+
+The port must be free before the start, and once the server answers, the command (or a
+descendant) must hold it; a container runtime's command (``docker run -p {port}:8000``) is
+exempt from the second check, since the runtime, not the command, publishes the port.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +21,12 @@ from pathlib import Path
 
 from atroposlib.errors import ConfigError
 from atroposlib.utils.health import NotHealthyError, wait_healthy_async
+from atroposlib.utils.ports import PortTakenError, ensure_port_free
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+CONTAINER_RUNTIMES = frozenset({"docker", "podman", "nerdctl"})
 
 
 def free_port() -> int:
@@ -49,6 +56,10 @@ class LocalServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self, timeout_s: float) -> None:
+        try:
+            ensure_port_free("127.0.0.1", self.port, "the OpenEnv server command")
+        except PortTakenError as exc:
+            raise ConfigError(str(exc)) from exc
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -60,10 +71,12 @@ class LocalServer:
             )
         logger.info("started OpenEnv server %s (pid %d), log %s", self.argv, self.process.pid,
                     self.log_path)  # fmt: skip
+        in_container = Path(self.argv[0]).name in CONTAINER_RUNTIMES
         try:
             await wait_healthy_async(f"{self.url}/health", timeout_s=timeout_s,
                                      process=self.process, log_path=self.log_path,
-                                     name="the OpenEnv server command")  # fmt: skip
+                                     name="the OpenEnv server command",
+                                     own_port=not in_container)  # fmt: skip
         except NotHealthyError as exc:
             self.stop()
             raise ConfigError(str(exc)) from exc
