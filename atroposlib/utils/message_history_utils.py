@@ -96,17 +96,18 @@ def _turns_to_drop(messages: list[dict[str, Any]]) -> int:
 
 
 def _shrink_step(step: dict[str, Any], tokenizer: Any, limit: int) -> dict[str, Any] | None:
-    """The step with the same number of oldest turns dropped from every alternative until
-    the longest fits ``limit``; None when it cannot be made to fit."""
+    """The step with the oldest turns dropped, a round at a time, from every alternative that
+    can spare them, until the longest fits ``limit``; None when it cannot be made to fit."""
     messages = [list(alternative) for alternative in step["messages"]]
     tokens, masks = step["tokens"], step["masks"]
     longest = max((len(t) for t in tokens if isinstance(t, list)), default=0)
     while longest > limit:
-        drops = [d for d in (_turns_to_drop(m) for m in messages) if d > 0]
-        if not drops or any(len(m) < 1 + min(drops) for m in messages):
+        spare = [_turns_to_drop(m) for m in messages]
+        this_round = min((d for d in spare if d > 0), default=0)
+        if this_round == 0:
             return None
-        for alternative in messages:
-            del alternative[1 : 1 + min(drops)]
+        for alternative, can_drop in zip(messages, spare, strict=True):
+            del alternative[1 : 1 + min(can_drop, this_round)]
         try:
             encoded = [tokenize_for_trainer(tokenizer, alternative) for alternative in messages]
         except Exception:
@@ -123,8 +124,10 @@ def ensure_trajectory_token_limit(
     trajectory: Sequence[dict[str, Any]], tokenizer: Any, max_trajectory_tokens: int
 ) -> list[dict[str, Any]]:
     """Each step whose longest alternative exceeds ``max_trajectory_tokens`` loses its oldest
-    turns (the same number from every alternative, system prompt kept); steps missing data, or
-    still too long, are dropped with a warning."""
+    turns (the same number from every alternative that has turns to spare, system prompt kept;
+    one already down to its system prompt, last observation and reply is left whole: Atropos
+    0.4 cut it to the system prompt, its PR #483); steps missing data, or still too long, are
+    dropped with a warning."""
     kept: list[dict[str, Any]] = []
     for index, step in enumerate(trajectory):
         if not (step.get("messages") and step.get("tokens") and step.get("masks")) or any(

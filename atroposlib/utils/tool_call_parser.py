@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from atroposlib.errors import ModelOutputError
-from atroposlib.utils.bounded_json import loads_model_output
+from atroposlib.utils.bounded_json import loads_model_output, loads_python_literal
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,19 @@ def _tool_names(tools: Sequence[Any]) -> set[str]:
     return names
 
 
+def _decode_call(content: str) -> Any:
+    """The call as JSON; else as a Python dict; else with single quotes read as double quotes
+    (Atropos 0.4's only reading, kept for ``{'name': 'f', 'arguments': {'x': true}}``)."""
+    try:
+        return loads_model_output(content, strict=False)
+    except ModelOutputError:
+        pass
+    try:
+        return loads_python_literal(content)
+    except ModelOutputError:
+        return loads_model_output(content.replace("'", '"'), strict=False)
+
+
 def parse_tool_call(
     response: str,
     available_tools: Sequence[Any] | None = None,
@@ -50,9 +63,13 @@ def parse_tool_call(
 ) -> tuple[str, dict[str, Any], bool]:
     """``(tool_name, arguments, is_error)`` of the first tool call in ``response``.
 
-    Single quotes are read as double quotes (models often write Python dicts). A missing or
-    unparsable call, or a name not among ``available_tools``, gives ``("-ERROR-", ..., True)``.
+    The call is read as JSON first, so an apostrophe in an argument stays one (Atropos 0.4
+    turned every ``'`` into ``"`` before parsing and answered its error: its issue #478); a
+    Python dict (``{'name': 'f'}``) is read too. A missing or unparsable call, or a name not
+    among ``available_tools``, gives ``("-ERROR-", ..., True)``.
 
+    >>> parse_tool_call('''<tool_call>{"name": "f", "arguments": {"q": "what's up"}}</tool_call>''')
+    ('f', {'q': "what's up"}, False)
     >>> parse_tool_call("<tool_call>{'name': 'add', 'arguments': {'a': 1}}</tool_call>")
     ('add', {'a': 1}, False)
     >>> parse_tool_call('<tool_call>{"name": "rm"}</tool_call>', [{"name": "add"}])
@@ -65,7 +82,7 @@ def parse_tool_call(
         logger.debug("no tool call in response: %.200s", response)
         return ERROR_TOOL_NAME, {}, True
     try:
-        call = loads_model_output(content.replace("'", '"'), strict=False)
+        call = _decode_call(content)
     except ModelOutputError as error:
         logger.debug("unparsable tool call %.200s: %s", content, error)
         return ERROR_TOOL_NAME, {}, True

@@ -14,12 +14,17 @@ logger = logging.getLogger(__name__)
 
 @registry.register
 class CombinedReward(RewardFunction):
-    """Sum of each sub-reward's unweighted ``compute``; ``normalization`` is ``"none"``,
-    ``"sum"`` (divide by the sub-rewards' total weight) or ``"minmax"`` (rescale to [0, 1]).
+    """Sum of each sub-reward's ``compute`` times its ``weight``; ``normalization`` is
+    ``"none"``, ``"sum"`` (divide by the sub-rewards' total weight: their weighted mean) or
+    ``"minmax"`` (rescale to [0, 1]). Atropos 0.4 summed the unweighted scores, so weights did
+    nothing (its PR #485).
 
     >>> CombinedReward(["format", {"type": "format", "params": {"preferred_tags": ["x"]}}],
     ...                normalization="sum")(["<think>a</think>", "<x>b</x>"])
     [0.5, 0.5]
+    >>> CombinedReward(["format", {"type": "format", "weight": 3.0,
+    ...                 "params": {"preferred_tags": ["x"]}}])(["<think>a</think>", "<x>b</x>"])
+    [1.0, 3.0]
     """
 
     def __init__(
@@ -50,7 +55,8 @@ class CombinedReward(RewardFunction):
             except Exception:  # one broken part scores 0 for everyone, the rest still count
                 logger.exception("reward %s failed inside %s", reward.name, self.name)
                 continue
-            totals = [total + float(score) for total, score in zip(totals, scores)]  # noqa: B905
+            totals = [total + float(score) * reward.weight
+                      for total, score in zip(totals, scores)]  # noqa: B905  # fmt: skip
         if self.normalization == "sum":
             weight = sum(r.weight for r in self.reward_functions)
             return [t / weight for t in totals] if weight > 0 else totals
