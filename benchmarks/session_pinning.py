@@ -8,7 +8,7 @@ Every session runs turn 1, then turn 2, ... in lock step with the others, and th
 between turns, so each turn's figures are those of that turn alone. Both modes run in one
 process against the same two servers, one after the other, each on fresh conversations.
 
-    .venv/bin/python benchmarks/session_pinning.py                 # 4 sessions x 5 turns, ~3 min
+    .venv/bin/python benchmarks/session_pinning.py                 # 8 sessions x 5 turns, ~5 min
     .venv/bin/python benchmarks/session_pinning.py --sessions 2 --turns 3 --json out.json
 """
 
@@ -78,7 +78,8 @@ async def run_mode(
         chats = [
             [
                 {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]},
+                # the mode in the question: no conversation of the other run is continued
+                {"role": "user", "content": f"({mode}) {QUESTIONS[i % len(QUESTIONS)]}"},
             ]
             for i in range(sessions)
         ]
@@ -154,7 +155,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per server")

@@ -34,8 +34,9 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 _COMPATIBILITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
-KEPT_PREFIXES = 4
-"""Computed prompt beginnings kept for the next requests when no running row holds them."""
+KEPT_PREFIXES = 8
+"""Computed prompts (or their beginnings) kept for the next requests when no running row holds
+them: a conversation's next turn continues its last prompt when that is among them."""
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -207,6 +208,9 @@ class ModelRunner:
             kvs, tail_logits = run_tails(self.model, prefix, tails, self.pad_token_id)
             for i, context in enumerate(tails):
                 private[context], logits_of[context] = kvs[i], tail_logits[i]
+            for i, context in list(enumerate(tails))[-KEPT_PREFIXES:]:
+                # whole, for the next turn of its conversation (a few: each is a copy)
+                self._remember(prefix.extended(context, kvs[i], tail_logits[i]))
         for context, prefix in shared.items():
             assert prefix.last_logits is not None
             logits_of[context] = prefix.last_logits

@@ -53,6 +53,17 @@ class SharedPrefix:
             None,
         )
 
+    def extended(self, tokens: tuple[int, ...], tail: Tensor, last_logits: Tensor) -> SharedPrefix:
+        """``tokens``: these followed by a tail whose keys and values are ``tail``
+        (2, layers, kv_heads, T, head_dim); a copy, so it outlives the batch that ran it."""
+        return SharedPrefix(
+            tokens,
+            torch.cat([self.keys, tail[0]], dim=2),
+            torch.cat([self.values, tail[1]], dim=2),
+            self.generation,
+            last_logits.clone(),
+        )
+
 
 class PrefixSharedCache:
     """Keys/values of a batch's rows: :class:`SharedPrefix` objects plus private buffers."""

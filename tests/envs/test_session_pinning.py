@@ -167,3 +167,19 @@ async def test_a_proxy_session_with_no_spare_fails_on_its_own_server() -> None:
         await recorder.chat_completion(messages=[{"role": "user", "content": "x"}])
     assert server(manager, 1).prompts == []
     await manager.close()
+
+
+async def test_new_sessions_go_to_the_server_holding_fewest_open_sessions() -> None:
+    manager = two_servers()
+    blocks = [manager.managed_server(tokenizer=ChatCharTokenizer()) for _ in range(6)]
+    opened = [await block.__aenter__() for block in blocks]
+    for managed in opened:  # one turn each, one after another: no slot is held between them
+        await managed.chat_completion(messages=[{"role": "user", "content": "hi"}])
+    assert [len(server(manager, i).prompts) for i in (0, 1)] == [3, 3]
+    for block in blocks[:3]:
+        await block.__aexit__(None, None, None)
+    assert sorted(manager.sessions_on.values()) == [1, 2]
+    for block in blocks[3:]:
+        await block.__aexit__(None, None, None)
+    assert sum(manager.sessions_on.values()) == 0
+    await manager.close()

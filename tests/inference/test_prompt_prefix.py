@@ -203,3 +203,34 @@ def test_groups_that_continue_an_earlier_groups_beginning_answer_the_same(
     after = sampled_groups(runner, prompts, share=True)
     assert after == before
     assert len(set(after)) > 1
+
+
+def greedy_turns(runner: ModelRunner, prompts: list[list[int]], share: bool) -> list[list[int]]:
+    """Two turns of two conversations prefilled together: each second turn is its first
+    turn's prompt, reply and a new message. The ids each turn sampled; ``share`` is checked
+    to run only the second turns' new ids."""
+    runner.share_prompt_prefixes = share
+    runner.weights_generation += 1  # nothing computed before counts
+    first = [Sequence(ids, SamplingParams(max_new_tokens=8, temperature=0)) for ids in prompts]
+    _decode_to_the_end(runner, runner.prefill(first))
+    message = runner.tokenizer.encode("\nAnd the next one?", add_special_tokens=False)
+    contexts = [[*row.context_ids, *message] for row in first]
+    second = [Sequence(ids, SamplingParams(max_new_tokens=8, temperature=0)) for ids in contexts]
+    computed = runner.prompt_tokens_computed
+    batch = runner.prefill(second)
+    if share:  # each continues its first prompt, kept whole: its reply and message run
+        ran = runner.prompt_tokens_computed - computed
+        assert ran == sum(len(c) - len(p) for c, p in zip(contexts, prompts, strict=True))
+    _decode_to_the_end(runner, batch)
+    return [list(row.output_ids) for row in first + second]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_conversations_next_turn_continues_its_last_prompt_and_answers_the_same(
+    runner: ModelRunner,
+) -> None:
+    prompts = held_out_prompts(runner, 2)
+    before = greedy_turns(runner, prompts, share=False)
+    after = greedy_turns(runner, prompts, share=True)
+    assert after == before

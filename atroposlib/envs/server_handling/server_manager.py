@@ -185,23 +185,40 @@ class ServerManager:
             return "; ".join(str(engine_dead(s)) for s in self.servers)
         return None
 
-    async def _acquire(self, split: str, servers: Sequence[APIServer]) -> APIServer:
+    async def _acquire(
+        self,
+        split: str,
+        servers: Sequence[APIServer],
+        tie_break: Callable[[APIServer], int] | None = None,
+    ) -> APIServer:
+        """The usable server with most free slots (the lowest ``tie_break`` among equals, then
+        a random one); waits while none is usable."""
         while True:
             if all(engine_dead(s) is not None for s in servers):
                 raise InferenceEngineDeadError("; ".join(str(engine_dead(s)) for s in servers))
             usable = [s for s in servers if self._usable(s, split)]
             if usable:
                 most_free = max(free_slots(s, split) for s in usable)
-                return random.choice([s for s in usable if free_slots(s, split) == most_free])
+                best = [s for s in usable if free_slots(s, split) == most_free]
+                if tie_break is not None:
+                    least = min(tie_break(s) for s in best)
+                    best = [s for s in best if tie_break(s) == least]
+                return random.choice(best)
             waits = [s.breaker.seconds_until_retry() for s in servers if hasattr(s, "breaker")]
             timeout = max(0.01, min([w for w in waits if w > 0] or [0.5]))
             self._slot_freed.clear()
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), timeout=timeout)
 
+    @cached_property
+    def sessions_on(self) -> dict[int, int]:
+        """Open ``managed_server()`` sessions pinned to each server, by ``id(server)``."""
+        return {}
+
     async def least_loaded(self, split: str, servers: Sequence[APIServer]) -> APIServer:
-        """The usable one of ``servers`` with the most free slots (waits while none is)."""
-        return await self._acquire(split, servers)
+        """The usable one of ``servers`` with the most free slots, the one holding fewest open
+        sessions among equals (waits while none is usable)."""
+        return await self._acquire(split, servers, lambda s: self.sessions_on.get(id(s), 0))
 
     async def call_on(
         self, split: str, op: Callable[[APIServer], Awaitable[T]], servers: Sequence[APIServer]
@@ -350,6 +367,8 @@ class ServerManager:
             yield managed
         finally:
             managed.reset()
+            if isinstance(managed.server, SessionServer):
+                managed.server.close()
 
     def _token_servers(self) -> list[APIServer]:
         pool = [s for s in self.servers if s.supports_token_ids]

@@ -30,6 +30,9 @@ REASON_CHARS = 300
 class Router(Protocol):
     """What a session needs of the ServerManager."""
 
+    @property
+    def sessions_on(self) -> dict[int, int]: ...
+
     def split_chunks(self, n: int) -> list[int]: ...
 
     async def least_loaded(self, split: str, servers: Sequence[APIServer]) -> APIServer: ...
@@ -61,22 +64,33 @@ class SessionServer:
     ) -> list[GeneratedSequence]:
         split = "eval" if sampling.get("split", "train") != "train" else "train"
         self.turns += 1
-        if self.server is None:
-            self.server = await self.router.least_loaded(split, self.servers)
-        reason = out_of_service(self.server)
+        server = self.server or self._pin(await self.router.least_loaded(split, self.servers))
+        reason = out_of_service(server)
         if reason is None:
             try:
-                return await self._on(self.server, split, input_ids, n, sampling)
+                return await self._on(server, split, input_ids, n, sampling)
             except (InferenceUnavailableError, InferenceEngineDeadError) as exc:
                 reason = str(exc)
-        others = [s for s in self.servers if s is not self.server]
+        others = [s for s in self.servers if s is not server]
         if not others:
-            return await self._on(self.server, split, input_ids, n, sampling)
-        left = self.server
-        self.server = await self.router.least_loaded(split, others)
-        move = {"turn": self.turns, "from": base_url_of(left), "to": base_url_of(self.server)}
+            return await self._on(server, split, input_ids, n, sampling)
+        moved_to = self._pin(await self.router.least_loaded(split, others))
+        move = {"turn": self.turns, "from": base_url_of(server), "to": base_url_of(moved_to)}
         self.moves.append({**move, "reason": reason[:REASON_CHARS]})
-        return await self._on(self.server, split, input_ids, n, sampling)
+        return await self._on(moved_to, split, input_ids, n, sampling)
+
+    def _pin(self, server: APIServer) -> APIServer:
+        """Sample on ``server`` from now on; the manager counts it among its open sessions."""
+        self.close()
+        self.server = server
+        self.router.sessions_on[id(server)] = self.router.sessions_on.get(id(server), 0) + 1
+        return server
+
+    def close(self) -> None:
+        """The block is over: its server no longer counts it."""
+        if self.server is not None:
+            count = self.router.sessions_on.get(id(self.server), 0)
+            self.router.sessions_on[id(self.server)] = max(0, count - 1)
 
     async def _on(
         self, server: APIServer, split: str, input_ids: list[int], n: int, sampling: dict[str, Any]
