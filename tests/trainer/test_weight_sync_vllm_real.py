@@ -73,6 +73,8 @@ class Running(VllmServer):
         return True
 
 
+# Its start is the tier's longest (180-410 s on 2 cores): vLLM compiles its graphs here, on
+# purpose, since what is under test is that pushed weights reach the compiled model in place.
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     if os.environ.get("ATROPOS_VLLM_SYNC_URL"):

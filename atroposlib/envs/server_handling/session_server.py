@@ -58,6 +58,7 @@ class SessionServer:
         self.server: APIServer | None = None
         self.turns = 0
         self.moves: list[dict[str, Any]] = []
+        self._counted: APIServer | None = None  # the server whose open sessions count this one
 
     async def generate(
         self, input_ids: list[int], n: int, sampling: dict[str, Any]
@@ -82,15 +83,16 @@ class SessionServer:
     def _pin(self, server: APIServer) -> APIServer:
         """Sample on ``server`` from now on; the manager counts it among its open sessions."""
         self.close()
-        self.server = server
+        self.server = self._counted = server
         self.router.sessions_on[id(server)] = self.router.sessions_on.get(id(server), 0) + 1
         return server
 
     def close(self) -> None:
-        """The block is over: its server no longer counts it."""
-        if self.server is not None:
-            count = self.router.sessions_on.get(id(self.server), 0)
-            self.router.sessions_on[id(self.server)] = max(0, count - 1)
+        """The block is over: its server no longer counts it (a second call does nothing)."""
+        if self._counted is not None:
+            count = self.router.sessions_on.get(id(self._counted), 0)
+            self.router.sessions_on[id(self._counted)] = max(0, count - 1)
+            self._counted = None
 
     async def _on(
         self, server: APIServer, split: str, input_ids: list[int], n: int, sampling: dict[str, Any]
