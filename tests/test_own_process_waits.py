@@ -49,15 +49,6 @@ def decoy(port: int) -> Iterator[subprocess.Popen[bytes]]:
         yield process
 
 
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        process.kill()
-        process.wait(timeout=10)
-
-
 def one_line(error: BaseException) -> str:
     text = str(error)
     assert "\n" not in text, text

@@ -23,7 +23,11 @@ from atroposlib.envs.hermes import tool_calls_as_text, tools_prompt
 from atroposlib.envs.server_handling.managed import SequenceNode
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_baseline import APIServer, TokenAnswer
-from atroposlib.envs.server_handling.session_server import REASON_CHARS, base_url_of
+from atroposlib.envs.server_handling.session_server import (
+    REASON_CHARS,
+    base_url_of,
+    sampled_on,
+)
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.errors import InferenceError, InferenceRejectedError
 from atroposlib.proxy.protocol import (
@@ -146,8 +150,7 @@ class PinnedBackend:
 
     def node_metadata(self) -> dict[str, Any]:
         """The server that sampled the node, and the session's moves so far (if any)."""
-        where: dict[str, Any] = {"server": base_url_of(self.server)}
-        return {**where, "server_moves": list(self.moves)} if self.moves else where
+        return sampled_on(self.server, self.moves)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         for attempt in range(1, self.attempts + 1):

@@ -53,15 +53,6 @@ def starting_server() -> Iterator[str]:
     thread.join(timeout=10)
 
 
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        process.kill()
-        process.wait(timeout=10)
-
-
 BEARER = {"Authorization": f"Bearer {KEY}"}
 
 

@@ -119,10 +119,7 @@ class SessionServer:
 
     def node_metadata(self) -> dict[str, Any]:
         """The server that sampled the node, and the session's moves so far (if any)."""
-        if self.server is None:
-            return {}
-        where: dict[str, Any] = {"server": base_url_of(self.server)}
-        return {**where, "server_moves": list(self.moves)} if self.moves else where
+        return {} if self.server is None else sampled_on(self.server, self.moves)
 
 
 def out_of_service(server: APIServer) -> str | None:
@@ -139,6 +136,13 @@ def out_of_service(server: APIServer) -> str | None:
     if not getattr(server, "server_healthy", True):
         return f"{base_url_of(server)}: marked unhealthy"
     return None
+
+
+def sampled_on(server: Any, moves: list[dict[str, Any]]) -> dict[str, Any]:
+    """A node's metadata on where it was sampled: the server, and the session's moves so far
+    (only when it moved)."""
+    where: dict[str, Any] = {"server": base_url_of(server)}
+    return {**where, "server_moves": list(moves)} if moves else where
 
 
 def base_url_of(server: Any) -> str:
