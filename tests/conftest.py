@@ -35,6 +35,23 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep + path if path else ''}"}
 
 
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    """``--dist loadfile`` hands out the longest test files first (tests/xdist_order.py)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.xdist_order import LongestFileFirst
+
+    return LongestFileFirst(config, log)
+
+
+def pytest_configure(config: Any) -> None:
+    from tests.xdist_order import RECORD_ENV, DurationRecorder
+
+    record = os.environ.get(RECORD_ENV)
+    if record and not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(DurationRecorder(Path(record)), "duration-recorder")
+
+
 _VLLM_TESTS: set[str] = set()
 """Node ids of the tests marked ``vllm`` (a keyword match would also count a test whose
 parameter or name is "vllm"), for the deselected ones."""

@@ -14,6 +14,10 @@ from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
+PROCESS_START_TIMEOUT_S = 180.0
+"""How long a test waits for a server process it started (broker, env, fake engine) to answer:
+one CI run on a loaded 2-core machine took over 60 s to start a broker (2026-12-02)."""
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -48,7 +52,8 @@ def health_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
 
     process = subprocess.Popen([sys.executable, "-c", HEALTH_SERVER, str(port)])
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", timeout_s=30, poll_s=0.02, process=process)
+        wait_healthy(f"http://127.0.0.1:{port}/health", timeout_s=PROCESS_START_TIMEOUT_S,
+                     poll_s=0.02, process=process)  # fmt: skip
         yield process
     finally:
         process.terminate()

@@ -17,7 +17,7 @@ from atroposlib.api.app import create_app
 from atroposlib.api.settings import BrokerSettings
 from atroposlib.api.store import GroupStore
 from atroposlib.utils.health import wait_healthy
-from tests.fakes import free_port
+from tests.fakes import PROCESS_START_TIMEOUT_S, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,8 +104,8 @@ class BrokerProcess:
         self.proc = subprocess.Popen(command, env=env)
         key = self.api_key or self.admin_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        wait_healthy(f"{self.url}/health", timeout_s=30, poll_s=0.1, process=self.proc,
-                     headers=headers, name="the broker")  # fmt: skip
+        wait_healthy(f"{self.url}/health", timeout_s=PROCESS_START_TIMEOUT_S, poll_s=0.1,
+                     process=self.proc, headers=headers, name="the broker")  # fmt: skip
         return self
 
     def kill9(self) -> None:

@@ -20,7 +20,7 @@ from example_trainer.config import LossConfig, load_config
 from example_trainer.data import batch_to_samples, batch_totals
 from example_trainer.loss import LossInputs, grpo_loss
 from example_trainer.sequence_packing import micro_batch, micro_batch_plan, model_logprobs
-from tests.fakes import free_port
+from tests.fakes import PROCESS_START_TIMEOUT_S, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -60,8 +60,8 @@ class ScriptedServer:
                 "--script", str(script), "--tokenizer", tokenizer_path()]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            wait_healthy(f"{self.url}/v1/models", timeout_s=60, poll_s=0.1, process=self.proc,
-                         name="the scripted server")  # fmt: skip
+            wait_healthy(f"{self.url}/v1/models", timeout_s=PROCESS_START_TIMEOUT_S,
+                         poll_s=0.1, process=self.proc, name="the scripted server")  # fmt: skip
         except BaseException:
             self.stop()
             raise

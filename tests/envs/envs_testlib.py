@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from atroposlib.utils.health import wait_healthy
-from tests.fakes import free_port
+from tests.fakes import PROCESS_START_TIMEOUT_S, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -60,8 +60,9 @@ class Process:
             self.args, stdout=handle, stderr=subprocess.STDOUT, env=child_env(**self.env)
         )
         try:
-            wait_healthy(self.url + self.health, timeout_s=30, poll_s=0.1, process=self.proc,
-                         log_path=self.log, headers=self.headers)  # fmt: skip
+            wait_healthy(self.url + self.health, timeout_s=PROCESS_START_TIMEOUT_S, poll_s=0.1,
+                         process=self.proc, log_path=self.log,
+                         headers=self.headers)  # fmt: skip
         except BaseException:
             self.stop()  # a server that never came up is not left running
             raise

@@ -28,6 +28,14 @@ class RunningServer:
     name: str = SERVED_NAME
     log_path: Path | None = None
 
+    def state(self, lines: int = 30) -> str:
+        """Whether the process still runs and its log's last lines: for a failure's message."""
+        code = self.process.poll()
+        status = "running" if code is None else f"exited with code {code}"
+        log = self.log_path.read_text(errors="replace") if self.log_path else ""
+        tail = "\n".join(log.splitlines()[-lines:])
+        return f"the inference server is {status}; its log ends:\n{tail}"
+
 
 def start_server(
     model_path: Path, env: dict[str, str], log_path: Path, *extra: str

@@ -89,7 +89,12 @@ async def test_every_accepted_request_is_answered_under_reloads_and_hangups(
             for _ in range(RELOADS):
                 await asyncio.sleep(LOAD_S / (RELOADS + 1))
                 body = {"model_path": str(small_batch_server.model_path)}
-                response = await http.post("/update_weights_from_disk", json=body)
+                try:
+                    response = await http.post("/update_weights_from_disk", json=body)
+                except httpx.HTTPError as error:
+                    raise AssertionError(
+                        f"reload: {error!r}; {small_batch_server.state()}"
+                    ) from error
                 assert response.status_code == 200, response.text
                 version = response.json()["weight_version"]
         return version
@@ -130,7 +135,7 @@ async def test_every_accepted_request_is_answered_under_reloads_and_hangups(
         task.cancel()
     assert not unanswered, (
         f"{len(unanswered)} of {len(staying)} accepted requests unanswered "
-        f"{ANSWER_BOUND_S:.0f} s after the load ended: {unanswered}"
+        f"{ANSWER_BOUND_S:.0f} s after the load ended: {unanswered}; {small_batch_server.state()}"
     )
     for task in done:
         task.result()  # re-raise a wrong answer

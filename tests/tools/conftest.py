@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from atroposlib.utils.health import wait_healthy
-from tests.fakes import free_port
+from tests.fakes import PROCESS_START_TIMEOUT_S, free_port
 from tests.tools.fixture_groups import DATA, GROUPS_PATH
 
 
@@ -95,8 +95,8 @@ def live_broker(tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[Live
     command += ["--store", f"sqlite:{tmp_path / 'broker.sqlite3'}", "--log-level", "warning"]
     process = subprocess.Popen(command, env=subprocess_env)
     broker = LiveBroker(f"http://127.0.0.1:{port}", process)
-    wait_healthy(f"{broker.url}/health", timeout_s=60, poll_s=0.1, process=process,
-                 name="the broker")  # fmt: skip
+    wait_healthy(f"{broker.url}/health", timeout_s=PROCESS_START_TIMEOUT_S, poll_s=0.1,
+                 process=process, name="the broker")  # fmt: skip
     yield broker
     process.terminate()
     try:
