@@ -99,6 +99,10 @@ class InferenceEngineDeadError(InferenceError):
 class InferenceRejectedError(InferenceError):
     """The inference server refused the request (4xx): fix the request; retrying cannot help."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 class ContextFullError(AtroposError):
     """A trajectory leaves no room to sample under the env's ``max_token_length``."""

@@ -304,7 +304,7 @@ class TrainerConfig(LayeredSettings):
     sync_timeout: float = Field(300.0, gt=0, description="Seconds per weight-push request.")
     vllm_command: str = Field(
         "python -m vllm.entrypoints.openai.api_server --model {model} --host 127.0.0.1 "
-        "--port {port} --middleware atroposlib.vllm_plugin.guard.VllmGuard",
+        "--port {port} --enable-scale-out --middleware atroposlib.vllm_plugin.guard.VllmGuard",
         description="vllm_restart: command that serves {model} on {port}. The default listens "
         "on loopback behind our guard, which takes the keys from the trainer's environment "
         "(ATROPOS_API_KEY, ATROPOS_ADMIN_API_KEY), never from the command line; on another "

@@ -137,8 +137,9 @@ class TokenSampler:
     ) -> list[Trajectory]:
         samples = await self.server.generate(list(trajectory.tokens), n, params)
         before = trajectory.reply_ids if trajectory.finish_reason == "abort" else []
-        return [
-            trajectory.with_sample(
+        replies = []
+        for s in samples:
+            reply = trajectory.with_sample(
                 s.output_ids,
                 s.logprobs,
                 s.weight_version,
@@ -146,8 +147,10 @@ class TokenSampler:
                 self.template.text([*before, *s.output_ids]),
                 s.token_versions,
             )
-            for s in samples
-        ]
+            if s.versions_unknown:
+                reply = replace(reply, versions_unknown=s.versions_unknown)
+            replies.append(reply)
+        return replies
 
     async def _until_finished(self, trajectory: Trajectory, params: dict[str, Any]) -> Trajectory:
         """Resubmit an aborted reply with the budget it has left until it ends."""
@@ -245,22 +248,27 @@ def trajectory_group(
             "generation_params": dict(generation_params) if generation_params else None,
             "overrides": [_plain(o) for o in overrides] if overrides is not None else None,
             "group_overrides": _plain(group_overrides) if group_overrides is not None else None,
-            "extra": _extra_with_moves(trajectories, extra),
+            "extra": _extra_with_notes(trajectories, extra),
         }
     )
 
 
-def _extra_with_moves(
+def _extra_with_notes(
     trajectories: Sequence[Trajectory], extra: Sequence[BaseModel | Mapping[str, Any]] | None
 ) -> list[dict[str, Any]] | None:
-    """``extra`` as plain dicts, each with its trajectory's ``server_moves`` where it moved."""
-    if not any(t.server_moves for t in trajectories):
+    """``extra`` as plain dicts, each with its trajectory's ``server_moves`` where it moved and
+    ``versions_unknown`` where the engine reported no weight versions (and why)."""
+    if not any(t.server_moves or t.versions_unknown for t in trajectories):
         return [_plain(e) for e in extra] if extra is not None else None
     given = [_plain(e) for e in extra] if extra is not None else [{} for _ in trajectories]
-    return [
-        {**entry, "server_moves": t.server_moves} if t.server_moves else entry
-        for entry, t in zip(given, trajectories, strict=True)
-    ]
+    noted = []
+    for entry, t in zip(given, trajectories, strict=True):
+        if t.server_moves:
+            entry = {**entry, "server_moves": t.server_moves}
+        if t.versions_unknown:
+            entry = {**entry, "versions_unknown": t.versions_unknown}
+        noted.append(entry)
+    return noted
 
 
 def _open_reply_length(trajectory: Trajectory) -> int:

@@ -120,6 +120,9 @@ class Trajectory:
     server_moves: list[dict[str, Any]] = field(default_factory=list)
     """Where a session moved to another inference server because its own failed
     (``{"turn", "from", "to", "reason"}`` each); empty when every turn ran on one server."""
+    versions_unknown: str | None = None
+    """Why the engine reported no weight version for a reply of this trajectory (a vLLM
+    without its token route); None when every sampled id's version is known."""
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int], messages: Sequence[Message]) -> Trajectory:

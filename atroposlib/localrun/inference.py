@@ -110,6 +110,7 @@ class VllmInference:
              "--model", layout.model, "--served-model-name", "default",
              "--dtype", "bfloat16" if bf16 else "float32",
              "--max-model-len", "2048", "--logprobs-mode", "processed_logprobs",
+             "--enable-scale-out",  # /inference/v1/generate: each sampled token's version
              "--host", "127.0.0.1", "--port", str(layout.inference_port),
              "--middleware", VLLM_GUARD, *settings.inference_args],
             health_url=f"{layout.inference_url}/health",

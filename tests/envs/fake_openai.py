@@ -6,6 +6,10 @@ Answers instantly. Choice ``i`` of a chat completion says ``"The answer is {i}"`
 the body vLLM answers once its engine died; ``/health`` 503), ``hang`` (never answers),
 ``garbage`` (200 with a body that is not a completion), ``reject`` (404) or back to ``ok``;
 ``GET /control`` returns the mode, request counts and the last completion request's body.
+``POST /control {"tokens_route": true}`` opens vLLM's ``/inference/v1/generate`` (closed by
+default, as on a vLLM served without ``--enable-scale-out``): choice ``i`` is ids
+``[300 + i, 301, 2]``, its last token sampled by weight version ``late_version`` (0 unless set
+there too), the others by version 0.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 state: dict[str, Any] = {"mode": "ok", "requests": 0, "served": 0, "reply_words": 0,
-                         "last_body": None}  # fmt: skip
+                         "last_body": None, "tokens_route": False, "late_version": 0}  # fmt: skip
 # vLLM 0.32's answer to every request once its engine core died
 DEAD_ENGINE_BODY = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) "
                               "for the root cause.", "type": "InternalServerError",
@@ -50,7 +54,9 @@ def _words() -> str:
 @app.post("/control")
 async def control(request: Request) -> dict[str, Any]:
     body = await request.json()
-    state["mode"] = body["mode"]
+    state["mode"] = body.get("mode", state["mode"])
+    for key in ("tokens_route", "late_version"):
+        state[key] = body.get(key, state[key])
     if body.get("reset"):
         state["requests"] = state["served"] = 0
     return state
@@ -120,6 +126,27 @@ async def completions(request: Request) -> Any:
         "model": body["model"],
         "choices": choices,
     }
+
+
+@app.post("/inference/v1/generate")
+async def tokens_route(request: Request) -> Any:
+    if not state["tokens_route"]:
+        return JSONResponse({"detail": "Not Found"}, status_code=404)
+    body = await request.json()
+    state["last_body"] = body
+    if (bad := await _misbehave()) is not None:
+        return bad
+    choices = []
+    for i in range(int(body["sampling_params"].get("n", 1))):
+        ids = [300 + i, 301, 2]
+        spans = [{"version": "0", "start": 0, "end": 2},
+                 {"version": str(state["late_version"]), "start": 2, "end": 3}]  # fmt: skip
+        if state["late_version"] == 0:
+            spans = [{"version": "0", "start": 0, "end": 3}]
+        content = [{"token_id": t, "logprob": -0.25 * (j + 1)} for j, t in enumerate(ids)]
+        choices.append({"index": i, "finish_reason": "stop", "token_ids": ids,
+                        "logprobs": {"content": content}, "weight_versions": spans})  # fmt: skip
+    return {"request_id": "x", "output_mode": "tokens", "choices": choices}
 
 
 @app.post("/generate")

@@ -112,7 +112,8 @@ class GeneratedSequence:
 
     ``weight_version``: the engine's weight version that sampled it (its first token), when the
     engine says; ``token_versions``: the version of each output token, when the engine reports
-    spans (vLLM's ``weight_versions``; a reply that spans an in-flight weight update).
+    spans (vLLM's ``weight_versions``; a reply that spans an in-flight weight update);
+    ``versions_unknown``: why neither is known, where the engine's route reports none.
     """
 
     output_ids: list[int]
@@ -121,6 +122,7 @@ class GeneratedSequence:
     text: str | None = None
     weight_version: int | None = None
     token_versions: list[int] | None = None
+    versions_unknown: str | None = None
 
 
 def token_versions(spans: Any, length: int) -> list[int] | None:
@@ -344,7 +346,7 @@ class APIServer(ABC):  # noqa: B024 - an ABC as in Atropos 0.4; every hook has a
                 raise InferenceError(f"{url}: {type(exc).__name__}: {exc}") from exc
             status, content = response.status_code, response.content
         if 400 <= status < 500 and status not in (408, 429):
-            raise InferenceRejectedError(f"{url}: HTTP {status}: {content[:300]!r}")
+            raise InferenceRejectedError(f"{url}: HTTP {status}: {content[:300]!r}", status)
         if status >= 500:
             raise self._server_error(url, status, content)
         if status >= 400:

@@ -1,8 +1,11 @@
-"""vLLM backend: token ids via its OpenAI completions endpoint with a token-id prompt."""
+"""vLLM backend: token ids in and out through ``/inference/v1/generate`` (served with
+``--enable-scale-out``), which reports the weight version that sampled each token; vLLM's
+OpenAI completions endpoint with a token-id prompt where that route is absent."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from openai.types import Completion
@@ -22,7 +25,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ReasoningConfig,
     token_versions,
 )
-from atroposlib.errors import InferenceError
+from atroposlib.errors import InferenceError, InferenceRejectedError
 
 __all__ = [
     "NAMESPACE_SEP",
@@ -36,7 +39,53 @@ __all__ = [
     "resolve_openai_configs",
 ]
 _TOKEN_PREFIX = "token_id:"
+TOKENS_ROUTE = "/inference/v1/generate"
+SAMPLING_FIELDS = frozenset((
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+    "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "extra_args",
+))  # fmt: skip
+"""vLLM ``SamplingParams`` fields an env may set through the token route (``n`` and
+``logprobs`` are the client's; vLLM ignores names it does not know, so ours refuses them)."""
 logger = logging.getLogger(__name__)
+
+
+def parse_tokens_choice(choice: Any) -> GeneratedSequence:
+    """One choice of ``/inference/v1/generate`` (``output_mode`` tokens, ``logprobs`` 0): ids,
+    the sampled tokens' logprobs and the weight version spans over the output."""
+    try:
+        ids = [int(i) for i in choice["token_ids"] or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        values = [float(entry["logprob"]) for entry in content]
+        reason = choice.get("finish_reason") or "stop"
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InferenceError(f"vLLM generate choice is malformed: {str(choice)[:200]}") from exc
+    if len(ids) != len(values):
+        raise InferenceError(f"vLLM returned {len(ids)} tokens but {len(values)} logprobs")
+    versions = token_versions(choice.get("weight_versions"), len(ids))
+    first = versions[0] if versions else None
+    return GeneratedSequence(ids, values, str(reason), None, first, versions)
+
+
+def tokens_route_body(
+    input_ids: list[int], n: int, sampling: dict[str, Any], model: str
+) -> dict[str, Any]:
+    """The ``/inference/v1/generate`` body for an env's sampling kwargs (OpenAI names, as the
+    completions path takes them); an InferenceRejectedError names a kwarg vLLM would drop."""
+    kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
+    if "max_new_tokens" in sampling:
+        kwargs.setdefault("max_tokens", sampling["max_new_tokens"])
+    params = request_body(model, kwargs)
+    params.pop("model")
+    unknown = sorted(set(params) - SAMPLING_FIELDS)
+    if unknown:
+        raise InferenceRejectedError(
+            f"sampling parameters {unknown} are not vLLM SamplingParams fields, which "
+            f"{TOKENS_ROUTE} takes (vLLM would ignore them): use its names, e.g. max_tokens"
+        )
+    params.update(n=n, logprobs=0)
+    return {"model": model, "token_ids": input_ids, "sampling_params": params}
 
 
 def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> GeneratedSequence:
@@ -94,9 +143,15 @@ def parse_prompt_logprobs(entries: Any, input_ids: list[int]) -> list[list[tuple
 
 
 class VLLMServer(APIServer):
-    """``POST /v1/completions`` with ``prompt: list[int]``, ``logprobs: 0``, token ids returned;
-    text through its OpenAI endpoints. Not an OpenAIServer (nor is it in Atropos 0.4: envs test
-    ``isinstance(server, OpenAIServer)`` to tell text-only servers from token servers).
+    """Token ids through ``POST /inference/v1/generate`` (token ids in and out, each output
+    token's weight version); text through its OpenAI endpoints. Not an OpenAIServer (nor is it
+    in Atropos 0.4: envs test ``isinstance(server, OpenAIServer)`` to tell text-only servers
+    from token servers).
+
+    A vLLM served without ``--enable-scale-out`` (or older than the route) answers it 404: the
+    server then samples through ``/v1/completions`` (``prompt: list[int]``, ``logprobs: 0``),
+    which carries no weight versions, says so once in the log, and its sequences carry none
+    (``versions_unknown`` names why; the group's ``policy_versions`` stay unset).
 
     ``seed`` is never sent: vLLM's CPU build (0.32) kills its engine on a seeded request whose
     prefill it chunks ("CPU Generator does not use offset"), and every later request then fails;
@@ -105,6 +160,8 @@ class VLLMServer(APIServer):
 
     supports_token_ids = True
     _warned_seed = False
+    versions_unknown: str | None = None
+    """Why this server's sequences carry no weight versions (None: they do, or not tried)."""
 
     def _without_seed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if kwargs.get("seed") is None and "seed" not in (kwargs.get("extra_body") or {}):
@@ -132,6 +189,19 @@ class VLLMServer(APIServer):
     ) -> list[GeneratedSequence]:
         split = str(sampling.get("split", "train"))
         sampling = self._without_seed(sampling)
+        if self.versions_unknown is None:
+            try:
+                sampled = self._generate_tokens(input_ids, n, sampling)
+                return await self.timed(split, sampled)
+            except InferenceRejectedError as exc:
+                if exc.status != 404 or "Not Found" not in str(exc):  # not a missing route
+                    raise
+                self.versions_unknown = (
+                    f"vLLM at {self.root_url} has no {TOKENS_ROUTE} (serve it with "
+                    "--enable-scale-out): sampled through /v1/completions, which reports no "
+                    "weight versions"
+                )
+                logger.warning("%s", self.versions_unknown)
         kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
         if "max_new_tokens" in sampling:
             kwargs.setdefault("max_tokens", sampling["max_new_tokens"])
@@ -143,7 +213,8 @@ class VLLMServer(APIServer):
             return_tokens_as_token_ids=True,
             return_token_ids=True,
         )
-        return await self.timed(split, self._generate(body, n))
+        completions = await self.timed(split, self._generate(body, n))
+        return [replace(s, versions_unknown=self.versions_unknown) for s in completions]
 
     async def prompt_logprobs(
         self, input_ids: list[int], top_k: int
@@ -155,6 +226,17 @@ class VLLMServer(APIServer):
         if not choices or not isinstance(choices[0], dict):
             raise InferenceError(f"vLLM returned no choice for prompt logprobs: {str(data)[:200]}")
         return parse_prompt_logprobs(choices[0].get("prompt_logprobs"), input_ids)
+
+    async def _generate_tokens(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any]
+    ) -> list[GeneratedSequence]:
+        body = tokens_route_body(input_ids, n, sampling, self.config.model_name)
+        data = await self.post_json(f"{self.root_url}{TOKENS_ROUTE}", body)
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or len(choices) != n:
+            raise InferenceError(f"vLLM returned {len(choices or [])} choices, asked for {n}")
+        ordered = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+        return [parse_tokens_choice(choice) for choice in ordered]
 
     async def _generate(self, body: dict[str, Any], n: int) -> list[GeneratedSequence]:
         data = await self.post_json(f"{self.base_url}/completions", body)
