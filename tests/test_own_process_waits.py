@@ -193,7 +193,9 @@ def test_vllm_restart_does_not_start_on_a_taken_port(
     )
 
 
-def test_vllm_restart_starts_and_restarts_its_own_server(tmp_path: Path, port: int) -> None:
+def test_vllm_restart_starts_and_restarts_its_own_server(
+    tmp_path: Path, port: int, caplog: pytest.LogCaptureFixture
+) -> None:
     from example_trainer.weight_sync import VllmRestart
 
     url = f"http://127.0.0.1:{port}"
@@ -202,11 +204,16 @@ def test_vllm_restart_starts_and_restarts_its_own_server(tmp_path: Path, port: i
     try:
         server.start("/models/base")
         first = server.procs[url].pid
-        report = server.push(tmp_path, step=1)  # stops it, waits for the port, starts anew
+        with caplog.at_level(logging.WARNING):
+            report = server.push(tmp_path, step=1)  # stops it, waits for the port, starts anew
+            server.push(tmp_path, step=2)
         assert report.failed == {} and report.updated == [url]
         assert server.procs[url].pid != first
     finally:
         server.close()
+    # this server has no /update_weight_version: said once, with the fix
+    labels = [r.getMessage() for r in caplog.records if "VLLM_SERVER_DEV_MODE" in r.getMessage()]
+    assert len(labels) == 1 and url in labels[0]
 
 
 # ---- the OpenEnv adapter's local server ----

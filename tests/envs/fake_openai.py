@@ -8,8 +8,9 @@ the body vLLM answers once its engine died; ``/health`` 503), ``hang`` (never an
 ``GET /control`` returns the mode, request counts and the last completion request's body.
 ``POST /control {"tokens_route": true}`` opens vLLM's ``/inference/v1/generate`` (closed by
 default, as on a vLLM served without ``--enable-scale-out``): choice ``i`` is ids
-``[300 + i, 301, 2]``, its last token sampled by weight version ``late_version`` (0 unless set
-there too), the others by version 0.
+``[300 + i, 301, 2]``, its last token sampled by weight version ``late_version`` (unless set
+there too, the start-up weights, which vLLM labels ``"default"``), the others by the start-up
+weights.
 """
 
 from __future__ import annotations
@@ -139,10 +140,11 @@ async def tokens_route(request: Request) -> Any:
     choices = []
     for i in range(int(body["sampling_params"].get("n", 1))):
         ids = [300 + i, 301, 2]
-        spans = [{"version": "0", "start": 0, "end": 2},
+        # vLLM labels the weights it started with "default"
+        spans = [{"version": "default", "start": 0, "end": 2},
                  {"version": str(state["late_version"]), "start": 2, "end": 3}]  # fmt: skip
         if state["late_version"] == 0:
-            spans = [{"version": "0", "start": 0, "end": 3}]
+            spans = [{"version": "default", "start": 0, "end": 3}]
         content = [{"token_id": t, "logprob": -0.25 * (j + 1)} for j, t in enumerate(ids)]
         choices.append({"index": i, "finish_reason": "stop", "token_ids": ids,
                         "logprobs": {"content": content}, "weight_versions": spans})  # fmt: skip

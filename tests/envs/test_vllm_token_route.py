@@ -110,3 +110,17 @@ async def test_the_group_carries_each_tokens_version_or_says_why_it_has_none(
         assert group.token_policy_versions is None and group.policy_versions is None
         assert group.extra is not None and len(group.extra) == 2
         assert all("--enable-scale-out" in entry["versions_unknown"] for entry in group.extra)
+
+
+async def test_a_label_that_names_no_step_leaves_the_versions_unknown_and_says_which(
+    fake: Process,
+) -> None:
+    control(fake, tokens_route=True, late_version="base")  # someone labelled vLLM by hand
+    server = vllm(fake)
+    try:
+        [sampled] = await server.generate([1, 2, 3], 1, {"max_tokens": 3})
+    finally:
+        await server.close()
+    assert sampled.output_ids == [300, 301, 2] and sampled.logprobs == [-0.25, -0.5, -0.75]
+    assert sampled.token_versions is None and sampled.weight_version is None
+    assert sampled.versions_unknown is not None and "'base'" in sampled.versions_unknown

@@ -2,7 +2,8 @@
 
 Serves a transformers model folder. ``/v1/completions`` takes token ids and returns the
 model's logprobs of them, so new weights visibly change the output. ``/update_weights_from_disk``
-has the SGLang shape plus ``weight_version``; ``/v1/load_lora_adapter`` records adapters.
+has the SGLang shape plus ``weight_version``; ``/update_weight_version`` labels the weights as
+vLLM's does; ``/v1/load_lora_adapter`` records adapters.
 ``--fail-first N`` answers the first N weight updates with HTTP 500 (to test retries).
 """
 
@@ -50,6 +51,11 @@ def create_app(model_path: str, fail_first: int) -> FastAPI:
         state["model_path"] = path
         state["weight_version"] += 1
         return {"success": True, "message": "ok", "weight_version": state["weight_version"]}
+
+    @app.post("/update_weight_version")
+    def label(body: dict[str, Any]) -> dict[str, Any]:
+        state["weight_version"] = body["new_version"]  # vLLM's label, a string
+        return {}
 
     @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
     def load_lora(body: dict[str, Any]) -> str:

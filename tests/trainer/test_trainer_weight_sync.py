@@ -101,9 +101,9 @@ def test_vllm_restart_serves_the_new_checkpoint(
         report = sync.push(tmp_path / "step-1", step=1)
         assert report.ok and report.updated == [url]
         assert sync.procs[url].pid != first_pid
-        assert httpx.get(url + "/health").json()["model_path"] == str(
-            (tmp_path / "step-1").resolve()
-        )
+        health = httpx.get(url + "/health").json()
+        assert health["model_path"] == str((tmp_path / "step-1").resolve())
+        assert health["weight_version"] == "1"  # labelled with its step, not "default"
         assert logprobs(url) != before
     finally:
         procs = list(sync.procs.values())

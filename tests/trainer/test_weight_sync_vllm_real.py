@@ -201,6 +201,7 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
     url = served.url
+    old = version(url)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path()))
     chat = [{"role": "user", "content": "Tell me a long story about a dragon and a knight."}]
     with RecordingProxy(url) as proxy:
@@ -256,6 +257,11 @@ def test_abort_mode_resubmits_replies_and_keeps_every_sampled_piece(
             and reply == [*cut["output_ids"], *rest["output_ids"]]
         ]
         assert matches, "a reply is not the cut piece plus its continuation"
+        # each token carries the version that sampled it: the old weights up to the cut, the
+        # pushed ones after (vLLM's spans, through the env's own client)
+        cut = len(matches[0][0]["output_ids"])
+        versions = trajectory.versions[len(prompt) :]
+        assert versions == [0 if old == "default" else int(old)] * cut + [1000] * (len(reply) - cut)
 
 
 # ---------------------------------------------------------------------------------------
@@ -404,7 +410,8 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     model, url = model_path(), served.url
     before = greedy(url, served.model)
     assert before == hf_greedy(load_model(model))  # the base weights, whatever ran before
-    httpx.post(f"{url}/update_weight_version", json={"new_version": "base"}).raise_for_status()
+    # the run's step 0 (the label envs read the versions of each sampled token from)
+    httpx.post(f"{url}/update_weight_version", json={"new_version": "0"}).raise_for_status()
     port = free_port()
     broker_url = f"http://127.0.0.1:{port}"
     procs = [subprocess.Popen([sys.executable, "-m", "atroposlib.api", "--store", "memory",
@@ -419,6 +426,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
              "--env.rollout_server_url", broker_url, "--env.group_size", "4",
              "--env.max_completion_tokens", "40", "--env.total_steps", str(LOOP_STEPS),
              "--env.max_token_length", "256", "--env.use_wandb", "false",
+             "--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl"),
              "--env.ensure_scores_are_not_same", "false"],  # every group, at lr 1e-3 too
             env=subprocess_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -461,6 +469,17 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     seen = f"vLLM {served_now}, checkpoint {hf_greedy(final)}, gaps {to_final} / {to_base}"
     assert to_final < SERVED_EXACTLY and to_base > 50 * to_final, seen
     assert float(margins.max()) < 1e-3, f"{seen}, margins {margins.round(5).tolist()}"
+    # every sequence the env sent carries the version of each sampled token (vLLM's spans),
+    # from which the trainer computes its version lag
+    groups = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    sampled_versions = set()
+    for group in groups:
+        for masks, versions in zip(group["masks"], group["token_policy_versions"], strict=True):
+            trained = [v for m, v in zip(masks, versions, strict=True) if m != -100]
+            assert trained and min(trained) >= 0 and trained == sorted(trained)
+            sampled_versions.update(trained)
+    assert 0 in sampled_versions and sampled_versions <= set(range(LOOP_STEPS + 1))
     lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", said)
     assert [step for step, _, _ in lags] == [str(s) for s in range(1, LOOP_STEPS + 1)], said[-3000:]
     assert all(float(mean) >= 0 for _, mean, _ in lags)
+    assert lags[0][2] == "0"  # step 1 trains on tokens the start-up weights (step 0) sampled

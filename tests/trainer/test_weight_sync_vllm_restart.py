@@ -3,7 +3,8 @@
 
 One vLLM, started by the trainer's own ``VllmRestart`` strategy with LoRA enabled: the adapter
 is hot-loaded into it (the base model untouched), then the strategy restarts it on a changed
-checkpoint (two vLLM starts for the module). Both must change the server's greedy answer.
+checkpoint (two vLLM starts for the module). Both must change the server's greedy answer, and
+the restarted server is labelled with its step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_sync_testlib import greedy, hf_greedy, load_model, perturb
+from vllm_sync_testlib import greedy, hf_greedy, load_model, perturb, version
 
 from example_trainer.checkpoint import save_weights
 from example_trainer.weight_sync import LoraHotLoad, VllmRestart
@@ -37,7 +38,9 @@ def restartable() -> Iterator[VllmRestart]:
     lora = ["--served-model-name", SERVED, "--enable-lora", "--max-lora-rank", "8", *NO_COMPILE]
     template = vllm_command("{model}", 0, extra_args=lora)
     template[template.index("--port") + 1] = "{port}"
-    env = vllm_environment({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+    # dev mode: the strategy labels each restarted vLLM with its step
+    env = vllm_environment({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                            "VLLM_SERVER_DEV_MODE": "1"})  # fmt: skip
     url = f"http://127.0.0.1:{free_port()}"
     server = VllmRestart([url], shlex.join(template), retries=1,
                          ready_timeout=STARTUP_TIMEOUT_S, env=env)  # fmt: skip
@@ -84,3 +87,4 @@ def test_vllm_restart_serves_the_new_checkpoint(restartable: VllmRestart, tmp_pa
     assert report.ok and report.updated == [url], report
     assert restartable.procs[url].pid != pid  # a new process, on the new folder
     assert greedy(url, SERVED) == hf_greedy(model)
+    assert version(url) == "2"  # labelled with its step: the versions its replies carry
