@@ -14,6 +14,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -31,15 +34,23 @@ from fastapi import FastAPI, Request
 
 logger = logging.getLogger("sglang.srt.engine")
 app = FastAPI()
-state = {"server_args": None, "weight_version": "0"}
+state = {"server_args": None, "weight_version": "default"}  # SGLang's start-up label
 
 @app.get("/health")
 async def health():
     return {}
 
 @app.post("/generate")
-async def generate():
-    return {"output_ids": [1, 2], "meta_info": {}}
+async def generate(request: Request):
+    body = await request.json() if await request.body() else {}
+    prompt = body.get("input_ids") or [0]
+    n = (body.get("sampling_params") or {}).get("n", 1)
+    # SGLang's answer: one version for the whole request, read when it ends
+    entries = [{"output_ids": [7 + i, 8, 2], "meta_info": {
+        "output_token_logprobs": [[-0.5, 7 + i, None], [-0.25, 8, None], [-0.125, 2, None]],
+        "finish_reason": {"type": "stop"}, "prompt_tokens": len(prompt),
+        "weight_version": state["weight_version"]}} for i in range(n)]
+    return entries if n > 1 else entries[0]
 
 @app.get("/get_weight_version")
 async def get_weight_version():
@@ -109,9 +120,17 @@ def fake_sglang(root: Path) -> Path:
     return root
 
 
-def test_the_keys_reach_neither_sglangs_log_nor_its_info_route_and_the_run_key_changes_nothing(
-    tmp_path: Path, subprocess_env: dict[str, str]
-) -> None:
+@dataclass
+class Launched:
+    url: str
+    log_path: Path
+    process: subprocess.Popen[bytes]
+
+
+@contextmanager
+def keyed_sglang(tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[Launched]:
+    """The stand-in launched through ``python -m atroposlib.cli.sglang_keyed`` with the run's
+    keys, answering; stopped at the end."""
     port, log_path = free_port(), tmp_path / "sglang.log"
     env = {k: v for k, v in subprocess_env.items() if "API_KEY" not in k}
     env |= {"PYTHONPATH": f"{fake_sglang(tmp_path / 'fake')}:{REPO}",
@@ -138,6 +157,17 @@ def test_the_keys_reach_neither_sglangs_log_nor_its_info_route_and_the_run_key_c
                 break
             assert process.poll() is None, log_path.read_text()
             time.sleep(0.1)
+        yield Launched(url, log_path, process)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_keys_reach_neither_sglangs_log_nor_its_info_route_and_the_run_key_changes_nothing(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    with keyed_sglang(tmp_path, subprocess_env) as sglang:
+        url = sglang.url
         assert httpx.post(f"{url}/generate", json={}, headers=RUN).status_code == 200
         admin_routes = [("POST", "/update_weights_from_disk", {"weight_version": "9"}),
                         ("GET", "/get_server_info", None)]  # fmt: skip
@@ -146,14 +176,11 @@ def test_the_keys_reach_neither_sglangs_log_nor_its_info_route_and_the_run_key_c
                 answer = httpx.request(method, url + path, json=body, headers=headers)
                 assert answer.status_code == 401, (headers, path)
         version = httpx.get(f"{url}/get_weight_version", headers=RUN).json()
-        assert version == {"weight_version": "0"}  # nothing changed
+        assert version == {"weight_version": "default"}  # nothing changed
         info = httpx.get(f"{url}/get_server_info", headers=ADMIN)
         assert info.status_code == 200 and info.json()["api_key"] is None
         assert info.json()["skip_server_warmup"] is True  # SGLang's keyless warm-up is skipped
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    logged = log_path.read_text()
+    logged = sglang.log_path.read_text()
     assert "server_args=ServerArgs(" in logged and "api_key=None" in logged
     for key in (RUN_KEY, ADMIN_KEY):
         assert key not in logged and key not in info.text
@@ -164,3 +191,30 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+async def test_an_env_on_sglang_gets_the_version_of_the_weights_each_reply_ended_on(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """SGLang reports one weight version per request (``meta_info.weight_version``, read as
+    the request ends), no per-token spans: every token of a reply carries it, ``"default"``
+    (its start-up weights) read as step 0 (docs/engines.md)."""
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.sglang_server import SGLangServer
+
+    with keyed_sglang(tmp_path, subprocess_env) as sglang:
+        config = APIServerConfig(base_url=f"{sglang.url}/v1", server_type="sglang",
+                                 model_name="default", api_key=RUN_KEY)  # fmt: skip
+        server = SGLangServer(config)
+        try:
+            before = await server.generate([1, 2, 3], 2, {"max_tokens": 3})
+            push = {"model_path": "m", "weight_version": "3"}
+            answer = httpx.post(f"{sglang.url}/update_weights_from_disk", json=push, headers=ADMIN)
+            assert answer.status_code == 200
+            after = await server.generate([1, 2, 3], 1, {"max_tokens": 3})
+        finally:
+            await server.close()
+    assert [s.output_ids for s in before] == [[7, 8, 2], [8, 8, 2]]
+    assert [s.logprobs for s in before] == [[-0.5, -0.25, -0.125]] * 2
+    assert [s.weight_version for s in before] == [0, 0]
+    assert [(s.weight_version, s.token_versions) for s in after] == [(3, None)]

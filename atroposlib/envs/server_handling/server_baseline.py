@@ -170,16 +170,24 @@ def _error_message(content: bytes) -> str:
     return " ".join(str(text).split())[:200]
 
 
-def weight_version(value: Any) -> int | None:
-    """An engine's weight version as an int (SGLang sends a string; ``"default"``: unknown).
+STARTUP_LABEL = "default"
+"""vLLM's and SGLang's label for the weights they were started with, until a push names a
+version: the run's step 0 (a restarted vLLM is labelled with its step by ``VllmRestart``)."""
 
-    >>> weight_version(3), weight_version("12"), weight_version("default"), weight_version(None)
-    (3, 12, None, None)
+
+def weight_version(value: Any) -> int | None:
+    """An engine's weight version as an int (vLLM and SGLang send strings; ``"default"``, their
+    start-up weights, is step 0; a label that names no step is unknown).
+
+    >>> weight_version(3), weight_version("12"), weight_version("default"), weight_version("base")
+    (3, 12, 0, None)
     """
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
+    if value == STARTUP_LABEL:
+        return 0
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return None

@@ -24,6 +24,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     GeneratedSequence,
     ReasoningConfig,
     token_versions,
+    weight_version,
 )
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
@@ -68,32 +69,16 @@ def parse_tokens_choice(choice: Any) -> GeneratedSequence:
     if unnamed is not None:
         why = f"vLLM labels its weights {unnamed!r}, not a trainer step"
         return GeneratedSequence(ids, values, str(reason), versions_unknown=why)
-    versions = token_versions(_numbered(spans), len(ids))
+    versions = token_versions(spans, len(ids))
     first = versions[0] if versions else None
     return GeneratedSequence(ids, values, str(reason), None, first, versions)
-
-
-STARTUP_LABEL = "default"
-"""vLLM's label for the weights it was started with until a push names a version: the run's
-step 0 (a restarted vLLM is labelled with its step by the trainer, ``VllmRestart``)."""
-
-
-def _numbered(spans: Any) -> Any:
-    """vLLM's spans with its start-up label read as version 0."""
-    if not isinstance(spans, list):
-        return spans
-    return [
-        {**span, "version": "0"} if isinstance(span, dict) and span.get("version") == STARTUP_LABEL
-        else span
-        for span in spans
-    ]  # fmt: skip
 
 
 def _unnumbered_label(spans: Any) -> str | None:
     """A span's version label that names no step (someone labelled vLLM by hand), if any."""
     for span in spans if isinstance(spans, list) else []:
         label = span.get("version") if isinstance(span, dict) else None
-        if isinstance(label, str) and label != STARTUP_LABEL and not label.isdigit():
+        if isinstance(label, str) and weight_version(label) is None:
             return label
     return None
 
@@ -142,7 +127,7 @@ def parse_vllm_choice(choice: Any, prompt_ids: list[int] | None = None) -> Gener
         raise InferenceError(f"vLLM completion choice is malformed: {str(choice)[:200]}") from exc
     if len(ids) != len(values):
         raise InferenceError(f"vLLM returned {len(ids)} tokens but {len(values)} logprobs")
-    versions = token_versions(_numbered(choice.get("weight_versions")), len(ids))
+    versions = token_versions(choice.get("weight_versions"), len(ids))
     first = versions[0] if versions else None
     return GeneratedSequence(
         [int(i) for i in ids], values, str(reason), choice.get("text"), first, versions
