@@ -7,7 +7,8 @@ the body vLLM answers once its engine died; ``/health`` 503), ``hang`` (never an
 ``garbage`` (200 with a body that is not a completion), ``reject`` (404) or back to ``ok``;
 ``GET /control`` returns the mode, request counts and the last completion request's body.
 ``POST /control {"tokens_route": true}`` opens vLLM's ``/inference/v1/generate`` (closed by
-default, as on a vLLM served without ``--enable-scale-out``): choice ``i`` is ids
+default with vLLM 0.32's 403, as on a vLLM served without ``--enable-scale-out``; ``"absent"``:
+404, as on a vLLM older than the route): choice ``i`` is ids
 ``[300 + i, 301, 2]``, its last token sampled by weight version ``late_version`` (unless set
 there too, the start-up weights, which vLLM labels ``"default"``), the others by the start-up
 weights.
@@ -131,8 +132,13 @@ async def completions(request: Request) -> Any:
 
 @app.post("/inference/v1/generate")
 async def tokens_route(request: Request) -> Any:
-    if not state["tokens_route"]:
+    if state["tokens_route"] == "absent":  # a vLLM older than the route
         return JSONResponse({"detail": "Not Found"}, status_code=404)
+    if not state["tokens_route"]:  # vLLM 0.32's answer without --enable-scale-out
+        message = ("Scale-out endpoints are disabled. Restart vllm serve with "
+                   "--enable-scale-out to enable them.")  # fmt: skip
+        error = {"message": message, "type": "PermissionDeniedError", "code": 403}
+        return JSONResponse({"error": error}, status_code=403)
     body = await request.json()
     state["last_body"] = body
     if (bad := await _misbehave()) is not None:

@@ -48,9 +48,11 @@ async def test_token_ids_logprobs_and_each_tokens_version_come_from_the_token_ro
                                        "n": 2, "logprobs": 0}  # fmt: skip
 
 
+@pytest.mark.parametrize("closed", [False, "absent"])  # vLLM 0.32's 403, an older vLLM's 404
 async def test_without_the_route_it_samples_through_completions_and_says_versions_are_unknown(
-    fake: Process, caplog: pytest.LogCaptureFixture
+    fake: Process, caplog: pytest.LogCaptureFixture, closed: object
 ) -> None:
+    control(fake, tokens_route=closed)
     server = vllm(fake)
     try:
         with caplog.at_level(logging.WARNING):

@@ -83,6 +83,15 @@ def _unnumbered_label(spans: Any) -> str | None:
     return None
 
 
+def _route_closed(error: InferenceRejectedError) -> bool:
+    """Whether vLLM refused the token route itself: 0.32 without ``--enable-scale-out``
+    answers 403 "Scale-out endpoints are disabled", a vLLM older than the route 404."""
+    said = str(error)
+    return (error.status == 403 and "--enable-scale-out" in said) or (
+        error.status == 404 and "Not Found" in said
+    )
+
+
 def tokens_route_body(
     input_ids: list[int], n: int, sampling: dict[str, Any], model: str
 ) -> dict[str, Any]:
@@ -163,10 +172,11 @@ class VLLMServer(APIServer):
     in Atropos 0.4: envs test ``isinstance(server, OpenAIServer)`` to tell text-only servers
     from token servers).
 
-    A vLLM served without ``--enable-scale-out`` (or older than the route) answers it 404: the
-    server then samples through ``/v1/completions`` (``prompt: list[int]``, ``logprobs: 0``),
-    which carries no weight versions, says so once in the log, and its sequences carry none
-    (``versions_unknown`` names why; the group's ``policy_versions`` stay unset).
+    A vLLM served without ``--enable-scale-out`` refuses that route (403; one older than the
+    route answers 404): the server then samples through ``/v1/completions`` (``prompt:
+    list[int]``, ``logprobs: 0``), which carries no weight versions, says so once in the log,
+    and its sequences carry none (``versions_unknown`` names why; the group's
+    ``policy_versions`` stay unset).
 
     ``seed`` is never sent: vLLM's CPU build (0.32) kills its engine on a seeded request whose
     prefill it chunks ("CPU Generator does not use offset"), and every later request then fails;
@@ -209,7 +219,7 @@ class VLLMServer(APIServer):
                 sampled = self._generate_tokens(input_ids, n, sampling)
                 return await self.timed(split, sampled)
             except InferenceRejectedError as exc:
-                if exc.status != 404 or "Not Found" not in str(exc):  # not a missing route
+                if not _route_closed(exc):
                     raise
                 self.versions_unknown = (
                     f"vLLM at {self.root_url} has no {TOKENS_ROUTE} (serve it with "
