@@ -23,7 +23,7 @@ def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
     run = tmp_path / "run"
     env = {k: v for k, v in subprocess_env.items() if not k.startswith("ATROPOS_")}
     done = subprocess.run(
-        [sys.executable, "-m", "atroposlib.cli.local", "--inference", "vllm", "--steps", "2",
+        [sys.executable, "-m", "atroposlib.cli.local", "--inference", "vllm", "--steps", "3",
          "--eval-size", "0", "--run-dir", str(run), "--no-panel",
          # what this checks is the keys and the pushes, not vLLM's numerics: no torch.compile
          # (a start ~90 s shorter on 2 cores; tests/vllm_testlib.py NO_COMPILE)
@@ -32,7 +32,7 @@ def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["final_weight_version"] == 2  # two pushes landed, read back from vLLM
+    assert summary["final_weight_version"] == 3  # three pushes landed, read back from vLLM
     served = (run / "logs" / "inference.log").read_text()
     assert "atroposlib.vllm_plugin.guard.VllmGuard" in served  # vLLM ran behind the guard
     assert "vLLM guard without ATROPOS_API_KEY" not in served  # ... with the run's key
@@ -47,4 +47,10 @@ def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
             trained = [v for m, v in zip(masks, versions, strict=True) if m != -100]
             assert trained and min(trained) >= 0 and trained == sorted(trained)
             seen.append(max(trained))
-    assert seen[0] == 0 and max(seen) >= 1, seen  # sampled before the first push, and after
+    # sampled before the first push, and after (the env stops once the trainer takes its third
+    # batch, so the groups of the second step's queue and later ones are on pushed weights)
+    assert seen[0] == 0 and max(seen) >= 1, seen
+    # the trainer's version lag is computed from them: its first step trains on step 0's
+    lags = [row["train/version_lag_max"] for row in map(json.loads, (run / "metrics.jsonl")
+            .read_text().splitlines()) if "train/version_lag_max" in row]  # fmt: skip
+    assert len(lags) == 3 and lags[0] == 0, lags
