@@ -16,7 +16,6 @@ file it does not know is given ``UNKNOWN_FILE_S``: new files are queued among th
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -123,7 +122,8 @@ class LongestFileFirst(LoadFileScheduling):
 
 class DurationRecorder:
     """Adds up each test file's seconds (setup, call, teardown) as the controller sees its
-    reports; when the run ends, updates those files' figures in ``path`` (the others kept)."""
+    reports; when the run ends, updates those files' figures in ``path`` (the others kept).
+    Registered on the controller only (tests/conftest.py), never in a worker."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -134,7 +134,7 @@ class DurationRecorder:
         self.seconds[name] = self.seconds.get(name, 0.0) + float(report.duration)
 
     def pytest_sessionfinish(self) -> None:
-        if os.environ.get("PYTEST_XDIST_WORKER") or not self.seconds:
+        if not self.seconds:
             return
         merged = known_durations(self.path)
         merged.update({name: round(seconds, 1) for name, seconds in self.seconds.items()})

@@ -19,9 +19,8 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     GeneratedSequence,
     ReasoningConfig,
-    token_versions,
-    weight_version,
 )
+from atroposlib.envs.server_handling.weight_versions import token_versions, weight_version
 from atroposlib.errors import InferenceError
 
 __all__ = [

@@ -23,9 +23,8 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     GeneratedSequence,
     ReasoningConfig,
-    token_versions,
-    weight_version,
 )
+from atroposlib.envs.server_handling.weight_versions import token_versions, weight_version
 from atroposlib.errors import InferenceError, InferenceRejectedError
 
 __all__ = [
