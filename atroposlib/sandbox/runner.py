@@ -103,6 +103,13 @@ def hidden_directories() -> list[str]:
     return sorted({str(path) for path in candidates if path.is_dir()})
 
 
+PROBE_WALL_S = 60.0
+PROBE_TRIES = 2
+"""The namespace probe's wall limit and tries: its verdict holds for the process's life, and a
+loaded machine once took over the default 10 s to start it (CI, 2026-12-03: every later run
+fell back to the weak audit hook). A host without namespaces refuses at once."""
+
+
 @functools.cache
 def detect_isolation() -> Isolation:
     """Namespaces when this host lets the sandbox create them (checked once), else the weak
@@ -117,10 +124,14 @@ def detect_isolation() -> Isolation:
             raise SandboxError(
                 f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
             ) from None
+    limits = SandboxLimits(wall_seconds=PROBE_WALL_S)
     try:
-        probe = run_python("print('ok')", isolation=Isolation.NAMESPACES)
-        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
-            return Isolation.NAMESPACES
+        for _ in range(PROBE_TRIES):
+            probe = run_python("print('ok')", isolation=Isolation.NAMESPACES, limits=limits)
+            if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
+                return Isolation.NAMESPACES
+            if probe.status is not SandboxStatus.TIMEOUT:
+                break
         reason = probe.stderr_tail.strip() or probe.status.value
     except SandboxError as error:
         reason = str(error)

@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -269,3 +270,31 @@ def test_isolation_can_be_forced_by_environment_variable(monkeypatch: pytest.Mon
             detect_isolation()
     finally:
         detect_isolation.cache_clear()
+
+
+def test_a_namespace_probe_that_timed_out_is_tried_again_before_falling_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loaded machine can take longer than a run's default wall limit to start the probe;
+    its verdict holds for the process's life, so a timeout is not taken as "no namespaces"."""
+    from atroposlib.sandbox import runner
+    from atroposlib.sandbox.models import SandboxResult
+
+    answers = [SandboxStatus.TIMEOUT, SandboxStatus.OK]
+    walls: list[float] = []
+
+    def probe(code: str, **kwargs: Any) -> SandboxResult:
+        walls.append(kwargs["limits"].wall_seconds)
+        status = answers.pop(0)
+        out = "ok\n" if status is SandboxStatus.OK else ""
+        return SandboxResult(status=status, stdout=out, stderr_tail="", duration_s=1.0,
+                             exit_code=0, isolation=Isolation.NAMESPACES)  # fmt: skip
+
+    monkeypatch.delenv("ATROPOS_SANDBOX_ISOLATION", raising=False)
+    monkeypatch.setattr(runner, "run_python", probe)
+    detect_isolation.cache_clear()
+    try:
+        assert detect_isolation() is Isolation.NAMESPACES
+    finally:
+        detect_isolation.cache_clear()
+    assert walls == [runner.PROBE_WALL_S] * 2 and runner.PROBE_WALL_S > SandboxLimits().wall_seconds
