@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_testlib import NO_COMPILE
+from tests.vllm_testlib import NO_COMPILE, trained_versions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -39,14 +39,7 @@ def test_atropos_local_trains_on_a_guarded_vllm_with_the_run_key(
     assert " refused (" not in served  # and every client of ours sent it
     # every trained token carries the weight version that sampled it (vLLM's token route),
     # and the versions rise with the pushes
-    groups = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
-    seen = []
-    for group in groups:
-        assert group["token_policy_versions"] is not None, group.get("extra")
-        for masks, versions in zip(group["masks"], group["token_policy_versions"], strict=True):
-            trained = [v for m, v in zip(masks, versions, strict=True) if m != -100]
-            assert trained and min(trained) >= 0 and trained == sorted(trained)
-            seen.append(max(trained))
+    seen = [max(sequence) for sequence in trained_versions(run / "rollouts.jsonl")]
     # sampled before the first push, and after (the env stops once the trainer takes its third
     # batch, so the groups of the second step's queue and later ones are on pushed weights)
     assert seen[0] == 0 and max(seen) >= 1, seen

@@ -336,3 +336,17 @@ def _json_or_text(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return response.text
+
+
+def trained_versions(groups_jsonl: Path) -> list[list[int]]:
+    """The weight version of each trained token, per sequence, of the groups an env saved
+    (JSON lines); each sequence must carry them, sampled ids only, never falling."""
+    out = []
+    for line in groups_jsonl.read_text().splitlines():
+        group = json.loads(line)
+        assert group["token_policy_versions"] is not None, group.get("extra")
+        for masks, versions in zip(group["masks"], group["token_policy_versions"], strict=True):
+            trained = [v for m, v in zip(masks, versions, strict=True) if m != -100]
+            assert trained and min(trained) >= 0 and trained == sorted(trained)
+            out.append(trained)
+    return out

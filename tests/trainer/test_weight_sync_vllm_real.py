@@ -47,7 +47,7 @@ from vllm_sync_testlib import (
     version,
 )
 
-from tests.vllm_testlib import RecordingProxy, VllmServer, model_path
+from tests.vllm_testlib import RecordingProxy, VllmServer, model_path, trained_versions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -471,13 +471,7 @@ def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     assert float(margins.max()) < 1e-3, f"{seen}, margins {margins.round(5).tolist()}"
     # every sequence the env sent carries the version of each sampled token (vLLM's spans),
     # from which the trainer computes its version lag
-    groups = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
-    sampled_versions = set()
-    for group in groups:
-        for masks, versions in zip(group["masks"], group["token_policy_versions"], strict=True):
-            trained = [v for m, v in zip(masks, versions, strict=True) if m != -100]
-            assert trained and min(trained) >= 0 and trained == sorted(trained)
-            sampled_versions.update(trained)
+    sampled_versions = {v for seq in trained_versions(tmp_path / "groups.jsonl") for v in seq}
     assert 0 in sampled_versions and sampled_versions <= set(range(LOOP_STEPS + 1))
     lags = re.findall(r"step (\d) loss .* version_lag mean ([0-9.]+) max (\d+)", said)
     assert [step for step, _, _ in lags] == [str(s) for s in range(1, LOOP_STEPS + 1)], said[-3000:]

@@ -91,15 +91,21 @@ def _route_closed(error: InferenceRejectedError) -> bool:
     )
 
 
+def sampling_body(model: str, sampling: dict[str, Any]) -> dict[str, Any]:
+    """An env's sampling kwargs as an OpenAI request body for ``model`` (``max_new_tokens``
+    read as ``max_tokens``; ``logprobs`` left to the caller, which always asks for them)."""
+    kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
+    if "max_new_tokens" in sampling:
+        kwargs.setdefault("max_tokens", sampling["max_new_tokens"])
+    return request_body(model, kwargs)
+
+
 def tokens_route_body(
     input_ids: list[int], n: int, sampling: dict[str, Any], model: str
 ) -> dict[str, Any]:
     """The ``/inference/v1/generate`` body for an env's sampling kwargs (OpenAI names, as the
     completions path takes them); an InferenceRejectedError names a kwarg vLLM would drop."""
-    kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
-    if "max_new_tokens" in sampling:
-        kwargs.setdefault("max_tokens", sampling["max_new_tokens"])
-    params = request_body(model, kwargs)
+    params = sampling_body(model, sampling)
     params.pop("model")
     unknown = sorted(set(params) - SAMPLING_FIELDS)
     if unknown:
@@ -226,10 +232,7 @@ class VLLMServer(APIServer):
                     "weight versions"
                 )
                 logger.warning("%s", self.versions_unknown)
-        kwargs = {k: v for k, v in sampling.items() if k not in ("max_new_tokens", "logprobs")}
-        if "max_new_tokens" in sampling:
-            kwargs.setdefault("max_tokens", sampling["max_new_tokens"])
-        body = request_body(self.config.model_name, kwargs)
+        body = sampling_body(self.config.model_name, sampling)
         body.update(
             prompt=input_ids,
             n=n,
