@@ -104,10 +104,30 @@ def hidden_directories() -> list[str]:
 
 
 PROBE_WALL_S = 60.0
-PROBE_TRIES = 2
-"""The namespace probe's wall limit and tries: its verdict holds for the process's life, and a
-loaded machine once took over the default 10 s to start it (CI, 2026-12-03: every later run
-fell back to the weak audit hook). A host without namespaces refuses at once."""
+PROBE_TRIES = 3
+PROBE_PAUSE_S = 2.0
+"""The namespace probe's wall limit, tries and pause between them: its verdict holds for the
+process's life, and a loaded machine has failed it for a passing reason (CI, 2026-12-03: a start
+over the default 10 s; CI, stop 67: a fallback with the host allowing namespaces), so any
+failure is tried again. A host without namespaces refuses at once, every time."""
+
+
+def namespace_probe_failure() -> str | None:
+    """None when a program runs inside the sandbox's namespaces here, else the last try's reason."""
+    limits = SandboxLimits(wall_seconds=PROBE_WALL_S)
+    reason = "not tried"
+    for attempt in range(PROBE_TRIES):
+        if attempt:
+            time.sleep(PROBE_PAUSE_S)
+        try:
+            probe = run_python("print('ok')", isolation=Isolation.NAMESPACES, limits=limits)
+        except SandboxError as error:
+            reason = str(error)
+            continue
+        if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
+            return None
+        reason = probe.stderr_tail.strip() or probe.status.value
+    return reason
 
 
 @functools.cache
@@ -124,17 +144,9 @@ def detect_isolation() -> Isolation:
             raise SandboxError(
                 f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
             ) from None
-    limits = SandboxLimits(wall_seconds=PROBE_WALL_S)
-    try:
-        for _ in range(PROBE_TRIES):
-            probe = run_python("print('ok')", isolation=Isolation.NAMESPACES, limits=limits)
-            if probe.status is SandboxStatus.OK and probe.stdout == "ok\n":
-                return Isolation.NAMESPACES
-            if probe.status is not SandboxStatus.TIMEOUT:
-                break
-        reason = probe.stderr_tail.strip() or probe.status.value
-    except SandboxError as error:
-        reason = str(error)
+    reason = namespace_probe_failure()
+    if reason is None:
+        return Isolation.NAMESPACES
     logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
                    "fallback (atropos-sandbox-check tells more)", reason[-300:])  # fmt: skip
     return Isolation.AUDIT_HOOK

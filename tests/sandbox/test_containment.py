@@ -21,14 +21,19 @@ from test_sandbox import _sandbox_processes
 
 from atroposlib.sandbox import Isolation, SandboxLimits, SandboxStatus, detect_isolation, run_python
 from atroposlib.sandbox.proof import FORKS, TOGETHER
+from atroposlib.sandbox.runner import namespace_probe_failure
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_mb=256, max_processes=16, disk_mb=32)
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def namespaces_here() -> None:
-    assert detect_isolation() is Isolation.NAMESPACES, "this host should allow user namespaces"
+    if detect_isolation() is not Isolation.NAMESPACES:
+        detect_isolation.cache_clear()  # an earlier probe of this process may have met an overload
+    failure = namespace_probe_failure()
+    assert failure is None, f"this host should allow user namespaces: {failure}"
+    assert detect_isolation() is Isolation.NAMESPACES
 
 
 @contextlib.contextmanager

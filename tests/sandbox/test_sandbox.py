@@ -272,29 +272,57 @@ def test_isolation_can_be_forced_by_environment_variable(monkeypatch: pytest.Mon
         detect_isolation.cache_clear()
 
 
-def test_a_namespace_probe_that_timed_out_is_tried_again_before_falling_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A loaded machine can take longer than a run's default wall limit to start the probe;
-    its verdict holds for the process's life, so a timeout is not taken as "no namespaces"."""
+def fake_probe(
+    monkeypatch: pytest.MonkeyPatch, answers: list[SandboxStatus | SandboxError]
+) -> list[float]:
+    """The namespace probe answers ``answers`` in turn; returns the wall limits it was given."""
     from atroposlib.sandbox import runner
     from atroposlib.sandbox.models import SandboxResult
 
-    answers = [SandboxStatus.TIMEOUT, SandboxStatus.OK]
     walls: list[float] = []
 
     def probe(code: str, **kwargs: Any) -> SandboxResult:
         walls.append(kwargs["limits"].wall_seconds)
-        status = answers.pop(0)
-        out = "ok\n" if status is SandboxStatus.OK else ""
-        return SandboxResult(status=status, stdout=out, stderr_tail="", duration_s=1.0,
+        answer = answers.pop(0)
+        if isinstance(answer, SandboxError):
+            raise answer
+        out = "ok\n" if answer is SandboxStatus.OK else ""
+        return SandboxResult(status=answer, stdout=out, stderr_tail="", duration_s=1.0,
                              exit_code=0, isolation=Isolation.NAMESPACES)  # fmt: skip
 
     monkeypatch.delenv("ATROPOS_SANDBOX_ISOLATION", raising=False)
     monkeypatch.setattr(runner, "run_python", probe)
+    monkeypatch.setattr(runner, "PROBE_PAUSE_S", 0.0)
     detect_isolation.cache_clear()
+    return walls
+
+
+def test_a_namespace_probe_that_failed_for_a_passing_reason_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loaded machine can take longer than a run's default wall limit to start the probe, or
+    fail it otherwise once; its verdict holds for the process's life, so one failure is not
+    taken as "no namespaces"."""
+    from atroposlib.sandbox import runner
+
+    overloaded = SandboxError("the sandbox supervisor did not report in time (host overload?)")
+    walls = fake_probe(monkeypatch, [SandboxStatus.TIMEOUT, overloaded, SandboxStatus.OK])
     try:
         assert detect_isolation() is Isolation.NAMESPACES
     finally:
         detect_isolation.cache_clear()
-    assert walls == [runner.PROBE_WALL_S] * 2 and runner.PROBE_WALL_S > SandboxLimits().wall_seconds
+    assert walls == [runner.PROBE_WALL_S] * 3 and runner.PROBE_WALL_S > SandboxLimits().wall_seconds
+
+
+def test_a_host_that_refuses_namespaces_every_time_gets_the_fallback_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from atroposlib.sandbox import runner
+
+    refused = SandboxError("the sandbox could not start: unshare: Operation not permitted")
+    fake_probe(monkeypatch, [refused] * runner.PROBE_TRIES)
+    try:
+        assert detect_isolation() is Isolation.AUDIT_HOOK
+    finally:
+        detect_isolation.cache_clear()
+    assert "unshare: Operation not permitted" in caplog.text
