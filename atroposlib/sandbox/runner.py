@@ -105,11 +105,16 @@ def hidden_directories() -> list[str]:
 
 PROBE_WALL_S = 60.0
 PROBE_TRIES = 3
-PROBE_PAUSE_S = 2.0
-"""The namespace probe's wall limit, tries and pause between them: its verdict holds for the
-process's life, and a loaded machine has failed it for a passing reason (CI, 2026-12-03: a start
-over the default 10 s; CI, stop 67: a fallback with the host allowing namespaces), so any
-failure is tried again. A host without namespaces refuses at once, every time."""
+PROBE_PAUSE_S = 1.0
+FALLBACK_RECHECK_S = 600.0
+"""The namespace probe's wall limit, tries and pause between them, and how long a fallback
+verdict stands before the next run probes again (namespaces, once found, stand for the
+process's life). A loaded machine has failed the probe for a passing reason (CI, 2026-12-03: a
+start over the default 10 s; CI, stop 67: a fallback with the host allowing namespaces), and a
+long-running environment must not keep the weak fallback for days after one such moment. A
+host without namespaces refuses at once, every time."""
+
+_verdict: dict[str, tuple[Isolation, float]] = {}
 
 
 def namespace_probe_failure() -> str | None:
@@ -130,10 +135,10 @@ def namespace_probe_failure() -> str | None:
     return reason
 
 
-@functools.cache
 def detect_isolation() -> Isolation:
-    """Namespaces when this host lets the sandbox create them (checked once), else the weak
-    audit-hook fallback. ``ATROPOS_SANDBOX_ISOLATION=audit_hook`` (or ``namespaces``) forces one.
+    """Namespaces when this host lets the sandbox create them, else the weak audit-hook
+    fallback (probed again after ``FALLBACK_RECHECK_S``). ``ATROPOS_SANDBOX_ISOLATION=audit_hook``
+    (or ``namespaces``) forces one.
     """
     forced = os.environ.get("ATROPOS_SANDBOX_ISOLATION")
     if forced:
@@ -144,12 +149,26 @@ def detect_isolation() -> Isolation:
             raise SandboxError(
                 f"ATROPOS_SANDBOX_ISOLATION={forced!r}: use one of {choices}"
             ) from None
+    known = _verdict.get("probed")
+    if known is not None:
+        isolation, since = known
+        if isolation is Isolation.NAMESPACES or time.monotonic() - since < FALLBACK_RECHECK_S:
+            return isolation
     reason = namespace_probe_failure()
     if reason is None:
-        return Isolation.NAMESPACES
-    logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
-                   "fallback (atropos-sandbox-check tells more)", reason[-300:])  # fmt: skip
-    return Isolation.AUDIT_HOOK
+        isolation = Isolation.NAMESPACES
+    else:
+        logger.warning("code sandbox: namespaces unavailable (%s); using the weak audit-hook "
+                       "fallback for %.0f s (atropos-sandbox-check tells more)",
+                       reason[-300:], FALLBACK_RECHECK_S)  # fmt: skip
+        isolation = Isolation.AUDIT_HOOK
+    _verdict["probed"] = (isolation, time.monotonic())
+    return isolation
+
+
+def forget_isolation() -> None:
+    """Drop the probe's verdict: the next run probes again."""
+    _verdict.clear()
 
 
 def sandbox_host_id(isolation: Isolation) -> int | None:

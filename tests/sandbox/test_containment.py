@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 from test_sandbox import _sandbox_processes
 
-from atroposlib.sandbox import Isolation, SandboxLimits, SandboxStatus, detect_isolation, run_python
+from atroposlib.sandbox import (
+    Isolation,
+    SandboxLimits,
+    SandboxStatus,
+    detect_isolation,
+    forget_isolation,
+    run_python,
+)
 from atroposlib.sandbox.proof import FORKS, TOGETHER
 from atroposlib.sandbox.runner import namespace_probe_failure
 
@@ -30,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True, scope="module")
 def namespaces_here() -> None:
     if detect_isolation() is not Isolation.NAMESPACES:
-        detect_isolation.cache_clear()  # an earlier probe of this process may have met an overload
+        forget_isolation()  # an earlier probe of this process may have met an overload
     failure = namespace_probe_failure()
     assert failure is None, f"this host should allow user namespaces: {failure}"
     assert detect_isolation() is Isolation.NAMESPACES

@@ -21,6 +21,7 @@ from atroposlib.sandbox import (
     SandboxStatus,
     arun_python,
     detect_isolation,
+    forget_isolation,
     run_python,
 )
 
@@ -260,16 +261,16 @@ def test_stdin_is_given_to_the_program():
 
 
 def test_isolation_can_be_forced_by_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    detect_isolation.cache_clear()
+    forget_isolation()
     monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", "audit_hook")
     try:
         assert detect_isolation() is Isolation.AUDIT_HOOK
         monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", "chroot")
-        detect_isolation.cache_clear()
+        forget_isolation()
         with pytest.raises(SandboxError, match="use one of namespaces, audit_hook"):
             detect_isolation()
     finally:
-        detect_isolation.cache_clear()
+        forget_isolation()
 
 
 def fake_probe(
@@ -293,7 +294,7 @@ def fake_probe(
     monkeypatch.delenv("ATROPOS_SANDBOX_ISOLATION", raising=False)
     monkeypatch.setattr(runner, "run_python", probe)
     monkeypatch.setattr(runner, "PROBE_PAUSE_S", 0.0)
-    detect_isolation.cache_clear()
+    forget_isolation()
     return walls
 
 
@@ -301,8 +302,8 @@ def test_a_namespace_probe_that_failed_for_a_passing_reason_is_tried_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A loaded machine can take longer than a run's default wall limit to start the probe, or
-    fail it otherwise once; its verdict holds for the process's life, so one failure is not
-    taken as "no namespaces"."""
+    fail it otherwise once; a fallback verdict stands for minutes, so one failure is not taken
+    as "no namespaces"."""
     from atroposlib.sandbox import runner
 
     overloaded = SandboxError("the sandbox supervisor did not report in time (host overload?)")
@@ -310,7 +311,7 @@ def test_a_namespace_probe_that_failed_for_a_passing_reason_is_tried_again(
     try:
         assert detect_isolation() is Isolation.NAMESPACES
     finally:
-        detect_isolation.cache_clear()
+        forget_isolation()
     assert walls == [runner.PROBE_WALL_S] * 3 and runner.PROBE_WALL_S > SandboxLimits().wall_seconds
 
 
@@ -324,5 +325,30 @@ def test_a_host_that_refuses_namespaces_every_time_gets_the_fallback_with_its_re
     try:
         assert detect_isolation() is Isolation.AUDIT_HOOK
     finally:
-        detect_isolation.cache_clear()
+        forget_isolation()
     assert "unshare: Operation not permitted" in caplog.text
+
+
+def test_a_fallback_verdict_is_probed_again_later_and_namespaces_stand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long-running environment does not keep the weak fallback for its whole life after one
+    overloaded moment; once namespaces are found they are not probed again."""
+    from atroposlib.sandbox import runner
+
+    refused = SandboxError("the sandbox supervisor did not report in time (host overload?)")
+    walls = fake_probe(monkeypatch, [refused] * runner.PROBE_TRIES + [SandboxStatus.OK])
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    try:
+        assert detect_isolation() is Isolation.AUDIT_HOOK
+        clock[0] += runner.FALLBACK_RECHECK_S - 1
+        assert detect_isolation() is Isolation.AUDIT_HOOK  # not probed again yet
+        assert len(walls) == runner.PROBE_TRIES
+        clock[0] += 2
+        assert detect_isolation() is Isolation.NAMESPACES
+        clock[0] += 10 * runner.FALLBACK_RECHECK_S
+        assert detect_isolation() is Isolation.NAMESPACES
+        assert len(walls) == runner.PROBE_TRIES + 1
+    finally:
+        forget_isolation()
