@@ -110,9 +110,8 @@ FALLBACK_RECHECK_S = 600.0
 """The namespace probe's wall limit, tries and pause between them, and how long a fallback
 verdict stands before the next run probes again (namespaces, once found, stand for the
 process's life). A loaded machine has failed the probe for a passing reason (CI, 2026-12-03: a
-start over the default 10 s; CI, stop 67: a fallback with the host allowing namespaces), and a
-long-running environment must not keep the weak fallback for days after one such moment. A
-host without namespaces refuses at once, every time."""
+start over the default 10 s), and a long-running environment must not keep the weak fallback
+for days after one such moment. A host without namespaces refuses at once, every time."""
 
 _verdict: dict[str, tuple[Isolation, float]] = {}
 

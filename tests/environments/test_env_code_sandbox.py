@@ -71,6 +71,9 @@ async def test_sandbox_failure_fails_the_group_and_is_counted(
     env = make_env(code_exec, "CodeExecutionEnv", lambda messages, i: FENCE.format("print(1)"),
                    group_size=2)  # fmt: skip
     await env.setup()
+    # the host's verdict taken first: a namespace probe run while the supervisor is missing
+    # fails, and the worker's later sandbox tests would run on the fallback
+    monkeypatch.setenv("ATROPOS_SANDBOX_ISOLATION", sandbox_runner.detect_isolation().value)
     missing = sandbox_runner._SUPERVISOR.with_name("missing.py")
     monkeypatch.setattr(sandbox_runner, "_SUPERVISOR", missing)
     assert await env.run_item({"prompt": "print one"}) == []
