@@ -58,9 +58,12 @@ def test_run_refuses_without_prepare_in_one_line(tmp_path: Path) -> None:
     assert "is not prepared" in done.stderr
 
 
-# Over 300 s in CI (415 s on 2026-12-02 with three workers; 153 s on a quiet machine): it runs
-# each of the check's eight steps once, and a step split off would repeat the prepare and start.
 @pytest.mark.slow
+@pytest.mark.long(
+    "each of the check's eight steps once, each its own process, after the prepare's wheel "
+    "install; a step split off would repeat both (415 s in CI on 2026-12-02 with three "
+    "workers, 226 s with two on 2026-12-03, 140-153 s on a quiet machine)"
+)
 def test_prepare_then_the_whole_check_on_cpu_passes(tmp_path: Path) -> None:
     """What CI runs: the wheels for the node downloaded (and installed for CPython 3.12 into a
     private folder), then every step on CPU with the tiny model."""

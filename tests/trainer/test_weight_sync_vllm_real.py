@@ -98,6 +98,10 @@ def served(vllm: VllmServer, tmp_path: Path) -> Iterator[VllmServer]:
         assert report.ok, f"could not put the base weights back: {report.failed}"
 
 
+@pytest.mark.long(
+    "its setup starts the module's vLLM with torch.compile on purpose (what is under test is "
+    "that pushes reach the compiled model): 115 s alone, 239-295 s in CI"
+)
 def test_disk_reload_serves_the_pushed_checkpoint_in_place(
     served: VllmServer, tmp_path: Path
 ) -> None:
@@ -396,6 +400,10 @@ class VersionWatch:
 
 
 @pytest.mark.timeout(3600)  # four steps on two shared cores: ~3 min idle, 30+ min loaded
+@pytest.mark.long(
+    "the whole loop (broker, env, trainer process) on the compiled vLLM, two steps each pushed "
+    "in flight: 110-302 s in CI runs of 2026-12-02/03, the machine's load deciding"
+)
 def test_a_short_loop_trains_on_vllm_and_its_pushes_change_what_vllm_answers(
     served: VllmServer, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
