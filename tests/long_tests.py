@@ -1,4 +1,5 @@
-"""Tests that take over ``LONG_TEST_S`` on the 2-core machine carry their reason beside them.
+"""Tests that take over ``REASON_NEEDED_S`` on the 2-core machine carry their reason beside them
+(xdist_order's ``LONG_TEST_S`` is another figure: when the scheduler hands out a short file).
 
 A test marked ``@pytest.mark.long("why it needs the time")`` may run that long; the summary of
 every run names each test over the limit (setup, call and teardown together: a module's server
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-LONG_TEST_S = 300.0
+REASON_NEEDED_S = 300.0
 REASON_PROPERTY = "long_reason"
 
 
@@ -37,7 +38,7 @@ def reason_of(item: Any) -> str | None:
     return reason
 
 
-def long_tests(reports: Iterable[Any], limit_s: float = LONG_TEST_S) -> list[LongTest]:
+def long_tests(reports: Iterable[Any], limit_s: float = REASON_NEEDED_S) -> list[LongTest]:
     """The tests whose phases together took over ``limit_s``, the longest first."""
     seconds: dict[str, float] = {}
     reasons: dict[str, str] = {}
@@ -53,7 +54,7 @@ def long_tests(reports: Iterable[Any], limit_s: float = LONG_TEST_S) -> list[Lon
 
 
 def summary_lines(found: list[LongTest]) -> list[str]:
-    lines = [f"tests over {LONG_TEST_S:.0f} s: {len(found)}"]
+    lines = [f"tests over {REASON_NEEDED_S:.0f} s: {len(found)}"]
     for test in found:
         why = test.reason or "no reason given: mark it @pytest.mark.long('why') or make it shorter"
         lines.append(f"  {test.seconds:6.0f} s {test.nodeid} ({why})")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.long_tests import LONG_TEST_S, REASON_PROPERTY, long_tests, reason_of, summary_lines
+from tests.long_tests import REASON_NEEDED_S, REASON_PROPERTY, long_tests, reason_of, summary_lines
 
 
 def report(nodeid: str, when: str, seconds: float, reason: str | None = None) -> Any:
@@ -35,7 +35,7 @@ def test_setup_call_and_teardown_add_up_and_the_longest_comes_first() -> None:
         ("a.py::server_start_in_setup", 311, "two compiled starts"),
     ]
     lines = summary_lines(found)
-    assert lines[0] == f"tests over {LONG_TEST_S:.0f} s: 2"
+    assert lines[0] == f"tests over {REASON_NEEDED_S:.0f} s: 2"
     assert "b.py::longest (no reason given" in lines[1]
     assert lines[2].endswith("a.py::server_start_in_setup (two compiled starts)")
 
