@@ -118,11 +118,16 @@ class Judge:
         if not self.worker.alive and not self._restart():
             return False
         seconds = min(self.limits["test_seconds"], self.deadline - time.monotonic())
-        signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
         try:
-            self._resolve(names, namespace)
-            exec(code, namespace)
-            return True
+            # The alarm is disarmed before any handler runs: the run's wall clock can end a
+            # test a moment before its alarm, which would otherwise fire inside the kill below.
+            signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+            try:
+                self._resolve(names, namespace)
+                exec(code, namespace)
+                return True
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
         except TestTimeout:
             self._retire("timeout")
             return False
@@ -131,8 +136,6 @@ class Judge:
             return False
         except BaseException:  # the test failed: assertion, remote exception, bad value...
             return False
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
 
     def _resolve(self, names: list[str], namespace: dict[str, Any]) -> None:
         missing = [name for name in names if name not in namespace]

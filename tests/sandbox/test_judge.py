@@ -3,13 +3,17 @@ per test; the sandbox's own failures raise instead of scoring; stdin/stdout runs
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -213,3 +217,47 @@ def test_code_too_deeply_nested_to_compile_is_the_programs_syntax_error() -> Non
         result = run_python(program, tests=["assert x"], limits=FAST)  # RecursionError, MemoryError
         assert result.status is SandboxStatus.SYNTAX_ERROR
         assert result.tests_passed == [False]
+
+
+class _WorkerAtItsWallClock:
+    """A worker whose run reaches its wall-clock limit mid-call and whose kill is slow: the
+    test's alarm, armed for the same instant, comes due while the judge is killing it."""
+
+    def __init__(self) -> None:
+        self.started, self.alive, self.killed_for = time.monotonic(), True, None
+        self.request_fd, self.stdout, self.stderr = -1, bytearray(), bytearray()
+
+    def pump(self, until: float, want_frame: bool = False) -> dict[str, Any] | None:
+        time.sleep(max(until - time.monotonic() - 0.05, 0))  # the run ends just before the alarm
+        return None
+
+    def kill(self, reason: str | None) -> None:
+        time.sleep(0.3)
+        self.alive, self.killed_for = False, self.killed_for or reason
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
+def test_an_alarm_due_while_the_worker_is_killed_is_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI, 2026-12-03: the run's wall clock ended a test 1 ms before its alarm; the alarm then
+    fired inside the kill's waitpid and the supervisor died instead of reporting a timeout."""
+    monkeypatch.syspath_prepend(str(Path(runner.__file__).parent))
+    judge_module = importlib.import_module("_judge")
+    monkeypatch.setattr(judge_module._wire, "write_frame", lambda fd, frame: None)
+    previous = signal.signal(signal.SIGALRM, judge_module._on_alarm)
+    try:
+        worker = _WorkerAtItsWallClock()
+        limits = {"wall_seconds": 0.2, "test_seconds": 0.2 + 0.05, "output_bytes": 100,
+                  "stderr_tail_bytes": 100}  # fmt: skip
+        judge = judge_module.Judge(None, worker, limits)
+        outcome = judge._one(
+            "assert slow() == 1", {"slow": judge_module.RemoteFunction(judge, "slow")}
+        )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert outcome is False
+    assert worker.killed_for == "timeout" and not worker.alive
