@@ -291,14 +291,35 @@ async def sample_group(
     n: int,
     max_tokens: int,
     temperature: float = 1.0,
+    screen: int = 0,
 ) -> ScoredData:
-    """Sample ``n`` replies to ``prompt`` token-in/token-out, score their text, group them."""
+    """Sample ``n`` replies to ``prompt`` token-in/token-out, score their text, group them.
+
+    ``screen`` (0 < screen < n): sample that many replies first; when their scores are all
+    equal, stop there and return them as a group of ``screen`` (``group_overrides.group_size``
+    says so) for the env to drop as all-equal, else sample the rest. Only for an env that drops
+    all-equal groups, and a ``score`` that scores each reply on its own (it is called on the
+    first replies, then on the rest).
+    """
+    if not 0 <= screen < n:
+        raise ValueError(f"screen {screen} with n {n}: give 0 (off) or fewer replies than n")
     sampler = TokenSampler(server, tokenizer, max_tokens=max_tokens, temperature=temperature)
-    replies = await sampler.sample(sampler.start(prompt), n=n)
+    start = sampler.start(prompt)
+    replies = await sampler.sample(start, n=screen or n)
+    scores = await _scored(score, replies)
+    if screen:
+        if len(set(scores)) == 1:
+            return sampler.group(replies, scores, group_overrides={"group_size": screen})
+        rest = await sampler.sample(start, n=n - screen)
+        replies, scores = replies + rest, scores + await _scored(score, rest)
+    return sampler.group(replies, scores)
+
+
+async def _scored(score: ScoreReplies, replies: Sequence[Trajectory]) -> list[float]:
     scores = score([reply.reply for reply in replies])
     if inspect.isawaitable(scores):
         scores = await scores
-    return sampler.group(replies, list(scores))
+    return list(scores)
 
 
 async def greedy_reply(server: Any, prompt: Sequence[Message], *, max_tokens: int) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import reasoning_gym
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from reasoning_gym.factory import DATASETS
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
@@ -36,6 +36,7 @@ from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_credit
 from atroposlib.envs.reward_fns.graded import grade_answer
 from atroposlib.envs.rollouts import greedy_reply, sample_group
+from atroposlib.envs.selection import SignalSelector
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
@@ -105,6 +106,23 @@ class ReasoningGymConfig(BaseEnvConfig):
         "(for small models that do not follow the format yet; the tag still earns the "
         "format reward).",
     )
+    screen_replies: int = Field(
+        default=0,
+        ge=0,
+        description="Sample this many replies of a group first and the rest only when their "
+        "scores differ (a group whose first replies agree is dropped there, its other replies "
+        "never sampled); 0: the whole group at once. Needs ensure_scores_are_not_same.",
+    )
+    select_by_signal: bool = Field(
+        default=False,
+        description="Skip problems of the kinds (task, size, carries in a sum) whose recent "
+        "groups mostly scored all-equal: each kind is drawn in proportion to the share of its "
+        "last selection_window groups that taught something, never below selection_floor.",
+    )
+    selection_window: int = Field(default=32, ge=1, description="Groups remembered per kind.")
+    selection_floor: float = Field(
+        default=0.1, gt=0, le=1, description="Least probability of drawing a problem's kind."
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -118,6 +136,21 @@ class ReasoningGymConfig(BaseEnvConfig):
         if not tasks:
             raise ValueError("no tasks: give at least one, e.g. {basic_arithmetic: 1.0}")
         return tasks
+
+    @model_validator(mode="after")
+    def screening_drops_groups(self) -> "ReasoningGymConfig":
+        if self.screen_replies and self.screen_replies >= self.group_size:
+            raise ValueError(
+                f"screen_replies {self.screen_replies} with group_size {self.group_size}: "
+                "screen fewer replies than the group has (or 0 to sample it at once)"
+            )
+        if self.screen_replies and not self.ensure_scores_are_not_same:
+            raise ValueError(
+                "screen_replies stops a group whose first replies agree, which only an env "
+                "that drops all-equal groups may do: set ensure_scores_are_not_same true or "
+                "screen_replies 0"
+            )
+        return self
 
 
 def grade(reply: str, entry: dict, dataset: Any, lenient: bool = False) -> float:
@@ -168,13 +201,23 @@ class ReasoningGymEnv(BaseEnv):
         logger.info("held-out check: %s", self.disjointness)
         self.rng = random.Random(self.config.seed)
         self.position = dict.fromkeys(self.train, 0)
+        self.selector: SignalSelector | None = None
+        if self.config.select_by_signal:
+            window = self.config.selection_window
+            self.selector = SignalSelector(
+                random.Random(self.config.seed + 1), window=window,
+                min_groups=min(8, window), floor=self.config.selection_floor,
+            )  # fmt: skip
 
     async def get_next_item(self) -> Item:
         names, weights = zip(*self.config.tasks.items(), strict=True)
-        task = self.rng.choices(names, weights=weights)[0]
-        index = self.position[task] % len(self.train[task])
-        self.position[task] += 1
-        return {"task": task, "entry": self.train[task][index]}
+        while True:
+            task = self.rng.choices(names, weights=weights)[0]
+            index = self.position[task] % len(self.train[task])
+            self.position[task] += 1
+            entry = self.train[task][index]
+            if self.selector is None or self.selector.admit(problem_kind(task, entry)):
+                return {"task": task, "entry": entry}
 
     def prompt(self, question: str) -> list[dict]:
         return chat_prompt(self.config, question)
@@ -193,7 +236,10 @@ class ReasoningGymEnv(BaseEnv):
             n=self.config.group_size,
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
+            screen=self.config.screen_replies,
         )
+        if self.selector is not None:
+            self.selector.record(problem_kind(item["task"], entry), group.scores)
         return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:
@@ -320,6 +366,36 @@ def example_keys(config: ReasoningGymConfig) -> set[str]:
             metadata = {"animals": {(a[:-1] if int(n) > 1 else a): int(n) for n, a in counted}}
         keys.update(f"{task}:{_canonical(question, metadata)}" for task in config.tasks)
     return keys
+
+
+_SUM = re.compile(r"\d+(?:\s*\+\s*\d+)+")
+
+
+def problem_kind(task: str, entry: dict) -> str:
+    """What makes problems alike for ``select_by_signal``: the task, its per-problem sizes
+    (``num_*`` metadata: terms, digits, animals) and, for a plain sum, its column carries.
+
+    >>> problem_kind("basic_arithmetic", {"metadata": {"expression": "47 + 77", "num_terms": 2}})
+    'basic_arithmetic num_terms=2 carries=2'
+    """
+    metadata = entry.get("metadata") or {}
+    sizes = [f"{k}={v}" for k, v in sorted(metadata.items()) if k.startswith("num_")
+             and isinstance(v, int)]  # fmt: skip
+    expression = str(metadata.get("expression", ""))
+    if _SUM.fullmatch(expression):
+        sizes.append(f"carries={_carries([int(t) for t in expression.split('+')])}")
+    return " ".join([task, *sizes])
+
+
+def _carries(terms: list[int]) -> int:
+    """Column carries when adding ``terms`` by hand (47 + 77: 7 + 7 carries, 4 + 7 + 1 too)."""
+    carries, carry, column = 0, 0, 0
+    while any(t // 10**column for t in terms) or carry:
+        total = sum(t // 10**column % 10 for t in terms) + carry
+        carry = total // 10
+        carries += carry > 0
+        column += 1
+    return carries
 
 
 def entry_key(entry: dict) -> str:

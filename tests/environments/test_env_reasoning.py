@@ -203,3 +203,51 @@ def test_refusal_reaches_the_user_as_one_line(scripted, tmp_path: Path) -> None:
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "evaluation problems are in the training pool" in last
+
+
+@pytest.mark.parametrize(
+    ("expression", "carries"),
+    [("12 + 35", 0), ("68 + 29", 1), ("50 + 50", 1), ("47 + 77", 2), ("99 + 1", 2),
+     ("5 + 5 + 5", 1), ("999 + 1", 3)],
+)  # fmt: skip
+def test_a_sums_kind_counts_its_column_carries(expression: str, carries: int) -> None:
+    entry = {"metadata": {"expression": expression, "num_terms": 2, "num_digits": 2}}
+    kind = rg_env.problem_kind("basic_arithmetic", entry)
+    assert kind == f"basic_arithmetic num_digits=2 num_terms=2 carries={carries}"
+
+
+def test_other_tasks_are_kinds_by_their_sizes_alone() -> None:
+    [entry] = reasoning_gym.create_dataset("leg_counting", size=1, seed=1)
+    kind = rg_env.problem_kind("leg_counting", entry)
+    assert kind == f"leg_counting num_animals={entry['metadata']['num_animals']}"
+    minus = {"metadata": {"expression": "47 - 7", "num_terms": 2}}
+    assert rg_env.problem_kind("basic_arithmetic", minus) == "basic_arithmetic num_terms=2"
+
+
+def test_screening_is_refused_where_it_could_send_short_groups_or_screen_nothing() -> None:
+    with pytest.raises(ValueError, match="set ensure_scores_are_not_same true"):
+        rg_env.ReasoningGymConfig(group_size=4, screen_replies=2, ensure_scores_are_not_same=False)
+    with pytest.raises(ValueError, match="screen fewer replies than the group has"):
+        rg_env.ReasoningGymConfig(group_size=4, screen_replies=4, ensure_scores_are_not_same=True)
+    config = rg_env.ReasoningGymConfig(group_size=4, screen_replies=2,
+                                       ensure_scores_are_not_same=True)  # fmt: skip
+    assert config.screen_replies == 2
+
+
+async def test_selection_by_signal_skips_the_kind_that_stopped_teaching() -> None:
+    env = await set_up(task_configs={"basic_arithmetic": TWO_DIGIT_SUMS}, select_by_signal=True,
+                       selection_window=16, selection_floor=0.1)  # fmt: skip
+    kinds = [rg_env.problem_kind("basic_arithmetic", {"metadata": {"expression": e,
+             "num_terms": 2, "num_digits": 2}}) for e in ("12 + 35", "68 + 29")]  # fmt: skip
+    no_carry, one_carry = kinds
+    for _ in range(16):
+        env.selector.record(no_carry, [1.1, 1.1, 1.1, 1.1])  # always solved
+        env.selector.record(one_carry, [1.1, 0.0, 0.1, 1.1])
+    items = [await rg_env.ReasoningGymEnv.get_next_item(env) for _ in range(300)]
+    drawn = [rg_env.problem_kind("basic_arithmetic", item["entry"]) for item in items]
+    natural = reasoning_gym.create_dataset("basic_arithmetic", size=300, seed=9, **TWO_DIGIT_SUMS)
+    natural_share = sum(rg_env.problem_kind("basic_arithmetic", e) == no_carry
+                        for e in natural) / 300  # fmt: skip
+    assert natural_share > 0.25, "sums without a carry are common"
+    assert drawn.count(no_carry) / len(drawn) < natural_share / 3
+    assert env.selector.skipped > 0

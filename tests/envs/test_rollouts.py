@@ -13,6 +13,7 @@ import pytest
 from envs_testlib import tokenizer_path
 
 from atroposlib.envs import rollouts
+from atroposlib.envs.groups import group_rejection_reason, is_no_signal
 from atroposlib.envs.rollouts import TokenSampler, greedy_reply, sample_group
 from atroposlib.envs.server_handling.server_baseline import GeneratedSequence
 from atroposlib.envs.server_handling.sglang_server import parse_sglang_output
@@ -333,3 +334,38 @@ async def test_max_token_length_caps_each_reply_to_the_room_left(tokenizer: Any)
     with pytest.raises(ContextFullError, match=f"max_token_length is {limit}"):
         await sampler.sample(reply)
     assert len(engine.prompts) == 1  # nothing sent when there is no room
+
+
+def right_or_wrong(replies: list[str]) -> list[float]:
+    return [float(reply == "4") for reply in replies]
+
+
+async def test_a_screened_group_whose_first_replies_agree_stops_there(tokenizer: Any) -> None:
+    four, five = [*ids(tokenizer, "4"), EOS], [*ids(tokenizer, "5"), EOS]
+    engine = FakeEngine([(five, "stop"), (five, "stop"), (four, "stop"), (four, "stop")])
+    group = await sample_group(engine, tokenizer, PROMPT, right_or_wrong, n=4, max_tokens=2,
+                               screen=2)  # fmt: skip
+    assert len(engine.prompts) == 1 and len(engine.outputs) == 2, "the other two never sampled"
+    assert group.scores == [0.0, 0.0]
+    assert group.group_overrides is not None and group.group_overrides.group_size == 2
+    reason = group_rejection_reason(group, group_size=4, max_token_len=0,
+                                    ensure_scores_are_not_same=True)  # fmt: skip
+    assert reason is not None and is_no_signal(reason), reason
+
+
+async def test_a_screened_group_whose_first_replies_differ_is_sampled_whole(tokenizer: Any) -> None:
+    four, five = [*ids(tokenizer, "4"), EOS], [*ids(tokenizer, "5"), EOS]
+    engine = FakeEngine([(five, "stop"), (four, "stop"), (four, "stop"), (five, "stop")])
+    group = await sample_group(engine, tokenizer, PROMPT, right_or_wrong, n=4, max_tokens=2,
+                               screen=2)  # fmt: skip
+    assert engine.prompts[0] == engine.prompts[1], "the rest continue the same prompt"
+    assert group.scores == [0.0, 1.0, 1.0, 0.0] and group.group_overrides is None
+    assert group_rejection_reason(group, group_size=4, max_token_len=0,
+                                  ensure_scores_are_not_same=True) is None  # fmt: skip
+
+
+@pytest.mark.parametrize("screen", [-1, 4, 5])
+async def test_a_screen_of_the_whole_group_or_more_is_refused(tokenizer: Any, screen: int) -> None:
+    with pytest.raises(ValueError, match="fewer replies than n"):
+        await sample_group(FakeEngine([]), tokenizer, PROMPT, right_or_wrong, n=4, max_tokens=2,
+                           screen=screen)  # fmt: skip
