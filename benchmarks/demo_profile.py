@@ -15,8 +15,11 @@ Runs ``atropos-local`` (broker, embedded inference server, reasoning-gym env, GR
 
 Per trainer step (the time since the previous step ended) it prints the trainer's parts, the
 inference server's busy seconds with the groups it finished in the step (sent / dropped) and
-the share of its busy time that went to dropped groups (busy time split by the tokens each
-group made it process: its prompt once, its replies), and the env's and broker's CPU seconds
+the share of its busy time that went to dropped groups, measured two ways: its CPU seconds
+split by the tokens each group made it process (its whole prompt once, its replies: issue 44's
+measure), and the seconds the server itself reports in steps (``/health``), its prefill split by
+each group's own prompt tokens (after the beginning every prompt shares, which the server
+computes once per weights) and its decode by reply tokens; and the env's and broker's CPU seconds
 (the env's holds its scoring, chat templates and HTTP client). Then the run's phases (start,
 held-out evaluations, training, stop) and the totals. ``--baseline-tree`` runs the same
 command on another checkout first (its ``atroposlib`` through ``PYTHONPATH``, this venv), then
@@ -217,8 +220,39 @@ def group_cost(group: dict[str, Any]) -> tuple[int, int]:
     return prompt + replies, replies
 
 
+def prompt_of(group: dict[str, Any]) -> list[int]:
+    """The tokens before the first trained token of the group's first sequence."""
+    mask, tokens = group["masks"][0], group["tokens"][0]
+    return list(tokens[: next((i for i, m in enumerate(mask) if m != -100), len(tokens))])
+
+
+def shared_beginning(groups: list[dict[str, Any]]) -> int:
+    """Tokens every group's prompt begins with (the worked examples and the chat template):
+    the embedded server computes them once per weights and continues each prompt after them."""
+    prompts = [prompt_of(group) for group in groups]
+    if not prompts:
+        return 0
+    shortest = min(len(prompt) for prompt in prompts)
+    for position in range(shortest):
+        if len({prompt[position] for prompt in prompts}) > 1:
+            return position
+    return shortest
+
+
+def on_dropped(prefill_s: float, decode_s: float, parts: list[tuple[int, int, bool]]) -> float:
+    """Server seconds spent on dropped groups: its prefill split by each group's own prompt
+    tokens (after the shared beginning), its decode by each group's reply tokens."""
+    tails = sum(tail for tail, _, _ in parts) or 1
+    replies = sum(reply for _, reply, _ in parts) or 1
+    return (
+        prefill_s * sum(t for t, _, d in parts if d) / tails
+        + decode_s * sum(r for _, r, d in parts if d) / replies
+    )
+
+
 def step_rows(trace: Trace) -> list[dict[str, Any]]:
     """One row per trainer step: its window (since the previous step ended) and its parts."""
+    shared = shared_beginning([group for _, group in trace.groups])
     by_step: dict[int, dict[str, Any]] = {}
     seen_at: dict[int, float] = {}
     for when, row in trace.metrics:
@@ -246,6 +280,10 @@ def step_rows(trace: Trace) -> list[dict[str, Any]]:
             for key in ("decode_steps", "computed_rows", "busy_seconds", "prefill_seconds")
         }
         running = [c["sequences_running"] for when, c in trace.health if start < when <= end]
+        own = [
+            (len(prompt_of(g)) - shared, r, d) for g, (_, r, d) in zip(finished, costs, strict=True)
+        ]
+        prefill_s = server["prefill_seconds"]
         rows.append(
             {
                 "step": step,
@@ -264,6 +302,9 @@ def step_rows(trace: Trace) -> list[dict[str, Any]]:
                 "inference_s_on_dropped": busy["inference"]
                 * sum(cost for cost, _, dropped in costs if dropped)
                 / processed,
+                "server_s_on_dropped": on_dropped(
+                    prefill_s, server["busy_seconds"] - prefill_s, own
+                ),
             }
         )
     return rows
@@ -302,6 +343,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
         out[f"{role}_cpu_s"] = mean(lambda r, k=role: r["cpu_s"][k])
         out[f"{role}_idle_s"] = mean(lambda r, k=role: max(0.0, r["wall_s"] - r["cpu_s"][k]))
     out["inference_s_on_dropped"] = mean(lambda r: r["inference_s_on_dropped"])
+    out["dropped_cpu_share"] = sum(r["inference_s_on_dropped"] for r in steady) / max(
+        sum(r["cpu_s"]["inference"] for r in steady), 1e-9
+    )
+    out["server_s_on_dropped"] = mean(lambda r: r["server_s_on_dropped"])
+    out["dropped_busy_share"] = sum(r["server_s_on_dropped"] for r in steady) / max(
+        sum(r["server"]["busy_seconds"] for r in steady), 1e-9
+    )
     out["inference_in_steps_s"] = mean(lambda r: r["server"]["busy_seconds"])
     out["inference_prefill_s"] = mean(lambda r: r["server"]["prefill_seconds"])
     out["inference_decode_steps"] = mean(lambda r: r["server"]["decode_steps"])
@@ -371,13 +419,15 @@ def step_table(rows: list[dict[str, Any]]) -> list[str]:
         label for _, label in TRAINER_PARTS if any(label in r["trainer_parts_s"] for r in rows)
     ]
     head = "step  wall | trainer: " + " ".join(f"{x:>7}" for x in labels)
-    head += " | inference busy  on dropped  rows run/computed | groups sent/dropped | env broker"
+    head += (" | inference CPU  on dropped | server busy  on dropped | rows run/computed"
+             " | groups sent/dropped | env broker")  # fmt: skip
     lines = [head]
     for r in rows:
         parts = " ".join(f"{r['trainer_parts_s'].get(x, 0.0):7.2f}" for x in labels)
         lines.append(
             f"{r['step']:>4} {r['wall_s']:5.1f} | trainer: {parts} | "
-            f"{r['cpu_s']['inference']:14.1f} {r['inference_s_on_dropped']:11.1f} "
+            f"{r['cpu_s']['inference']:13.1f} {r['inference_s_on_dropped']:11.1f} | "
+            f"{r['server']['busy_seconds']:11.1f} {r['server_s_on_dropped']:11.1f} | "
             f"{r['server']['rows_running']:9.1f}/{r['server']['rows_per_decode']:<8.1f} | "
             f"{r['groups_sent']:>10}/{r['groups_dropped']:<8} | "
             f"{r['cpu_s']['env']:3.1f} {r['cpu_s']['broker']:6.1f}"

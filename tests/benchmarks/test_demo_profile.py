@@ -45,6 +45,20 @@ def test_group_cost_counts_the_prompt_once() -> None:
     assert group_cost(_group(100, [5, 7, 3, 1])) == (116, 16)
 
 
+def test_the_server_time_on_dropped_groups_charges_each_its_own_prompt_and_replies() -> None:
+    examples = [7] * 90  # the worked examples every prompt begins with
+    groups = [_group(0, [4, 4]), _group(0, [1, 1], dropped=True), _group(0, [2, 2])]
+    for group, question in zip(groups, ([1, 2, 3, 4], [1, 2, 5, 6, 7, 8], [9, 9]), strict=True):
+        group["tokens"] = [examples + question + [0] * (len(m)) for m in group["masks"]]
+        group["masks"] = [[-100] * (90 + len(question)) + m for m in group["masks"]]
+    assert demo_profile.prompt_of(groups[0]) == [*examples, 1, 2, 3, 4]
+    assert demo_profile.shared_beginning(groups) == 90
+    own = [(4, 8, False), (6, 2, True), (2, 4, False)]
+    assert demo_profile.on_dropped(3.0, 7.0, own) == pytest.approx(3.0 * 6 / 12 + 7.0 * 2 / 14)
+    assert demo_profile.shared_beginning([]) == 0
+    assert demo_profile.on_dropped(1.0, 1.0, []) == 0.0
+
+
 def _cpu(trainer: float, inference: float) -> dict[str, float]:
     return {"trainer": trainer, "inference": inference, "env": 0.0, "broker": 0.0, "eval": 0.0}
 
@@ -79,6 +93,8 @@ def test_each_step_gets_its_window_its_cpu_and_the_groups_finished_in_it() -> No
     assert (first["groups_sent"], first["groups_dropped"]) == (1, 1)
     assert first["reply_tokens_dropped"] == 20
     assert first["inference_s_on_dropped"] == pytest.approx(9.0 * 120 / 260)
+    # one prompt for all: no prefill of their own, the 7.5 server seconds split by replies
+    assert first["server_s_on_dropped"] == pytest.approx(7.5 * 20 / 60)
     assert first["server"]["decode_steps"] == 40 and first["server"]["rows_per_decode"] == 4.0
     assert first["server"]["busy_seconds"] == 7.5 and first["server"]["rows_running"] == 14.0
     assert second["wall_s"] == 10.0 and second["cpu_s"]["inference"] == 3.0
