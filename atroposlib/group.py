@@ -88,6 +88,11 @@ class GroupOverrides(BaseModel):
     )
     temperature: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     sft: StrictBool | None = None
+    screened: StrictBool | None = Field(
+        default=None,
+        description="Sampled in stages and stopped after its first replies agreed: the env "
+        "drops it as all-equal (dumped, never sent).",
+    )
 
 
 _PER_SEQUENCE = ("messages", "overrides", "finish_reasons", "policy_versions", "extra")

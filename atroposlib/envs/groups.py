@@ -138,6 +138,8 @@ def group_rejection_reason(
     expected = expected_group_size(group, group_size)
     if len(group.tokens) != expected:
         return f"group has {len(group.tokens)} sequences, expected group_size {expected}"
+    if group.group_overrides is not None and group.group_overrides.screened:
+        return f"stopped after {len(scores)} agreeing replies: {NO_SIGNAL}"
     if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) == 1:
         return f"all {len(scores)} scores are equal ({scores[0]}): {NO_SIGNAL}"
     if max_token_len > 0:

@@ -292,12 +292,15 @@ async def sample_group(
     max_tokens: int,
     temperature: float = 1.0,
     screen: int = 0,
+    settled_logprob: float | None = None,
 ) -> ScoredData:
     """Sample ``n`` replies to ``prompt`` token-in/token-out, score their text, group them.
 
     ``screen`` (0 < screen < n): sample that many replies first; when their scores are all
-    equal, stop there and return them as a group of ``screen`` (``group_overrides.group_size``
-    says so) for the env to drop as all-equal, else sample the rest. Only for an env that drops
+    equal (and, with ``settled_logprob``, each of them is a reply the engine sampled with a
+    total logprob of at least that: one the others would almost surely repeat), stop there and
+    return them as a group of ``screen`` (``group_overrides``: ``group_size`` and ``screened``)
+    for the env to drop as all-equal; else sample the rest. Only for an env that drops
     all-equal groups, and a ``score`` that scores each reply on its own (it is called on the
     first replies, then on the rest).
     """
@@ -308,11 +311,28 @@ async def sample_group(
     replies = await sampler.sample(start, n=screen or n)
     scores = await _scored(score, replies)
     if screen:
-        if len(set(scores)) == 1:
-            return sampler.group(replies, scores, group_overrides={"group_size": screen})
+        if len(set(scores)) == 1 and all(_settled(r, settled_logprob) for r in replies):
+            stopped = {"group_size": screen, "screened": True}
+            return sampler.group(replies, scores, group_overrides=stopped)
         rest = await sampler.sample(start, n=n - screen)
         replies, scores = replies + rest, scores + await _scored(score, rest)
     return sampler.group(replies, scores)
+
+
+def reply_logprob(trajectory: Trajectory) -> float | None:
+    """The total logprob the engine gave the last reply's sampled ids (None: the ids were
+    re-tokenized from text, so there are none)."""
+    if not trajectory.exact:
+        return None
+    sampled = range(trajectory.reply_start, len(trajectory.tokens))
+    return sum(trajectory.logprobs[i] for i in sampled if trajectory.masks[i] != MASK_IGNORE_INDEX)
+
+
+def _settled(reply: Trajectory, settled_logprob: float | None) -> bool:
+    if settled_logprob is None:
+        return True
+    logprob = reply_logprob(reply)
+    return logprob is not None and logprob >= settled_logprob
 
 
 async def _scored(score: ScoreReplies, replies: Sequence[Trajectory]) -> list[float]:

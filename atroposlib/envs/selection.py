@@ -1,4 +1,10 @@
-"""Problems chosen by what they can still teach: skip the kinds the model always or never solves.
+"""Problems chosen by what they can still teach: revisit those whose last group taught, skip
+the kinds the model always or never solves.
+
+A problem whose group's scores differed is one the model sometimes solves: the likeliest to
+teach again. :class:`RevisitPool` keeps those problems and hands them back for another group,
+the one waiting longest first, until a group of theirs scores all-equal (the model has learned
+or lost them) or they have had ``max_groups``.
 
 A GRPO group whose replies all score the same teaches nothing (the env drops it when
 ``ensure_scores_are_not_same`` is on), yet its sampling costs as much as a group that teaches.
@@ -19,9 +25,10 @@ in the model (a kind it starts or stops solving) is noticed.
 from __future__ import annotations
 
 import random
-from collections import deque
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -94,3 +101,44 @@ class SignalSelector:
             }
             for kind, recent in sorted(self._signal.items())
         }
+
+
+@dataclass
+class RevisitPool:
+    """Problems whose last group taught something, handed back for another group."""
+
+    rng: random.Random
+    share: float
+    """The probability that a draw revisits a problem (when one is waiting)."""
+    max_groups: int = 4
+    """Groups a problem may have in all, its first included."""
+    _waiting: OrderedDict[Hashable, tuple[Any, int]] = field(default_factory=OrderedDict)
+    _out: dict[Hashable, int] = field(default_factory=dict)
+    """Problems drawn again and not yet recorded: their groups so far."""
+    revisits: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.share <= 1:
+            raise ValueError(f"revisit share {self.share}: give a probability in [0, 1]")
+        if self.max_groups < 1:
+            raise ValueError(f"max_groups {self.max_groups}: a problem has at least its first")
+
+    def record(self, key: Hashable, item: Any, scores: Sequence[float]) -> None:
+        """A group of problem ``key`` was scored: it waits for another if its scores differed
+        and it has groups left, else it leaves the pool."""
+        groups = self._out.pop(key, 0) + 1
+        self._waiting.pop(key, None)
+        if scores and max(scores) != min(scores) and groups < self.max_groups:
+            self._waiting[key] = (item, groups)
+
+    def draw(self) -> Any | None:
+        """A waiting problem (the longest waiting), with probability ``share``, else None."""
+        if not self._waiting or self.rng.random() >= self.share:
+            return None
+        key, (item, groups) = self._waiting.popitem(last=False)
+        self._out[key] = groups
+        self.revisits += 1
+        return item
+
+    def __len__(self) -> int:
+        return len(self._waiting)

@@ -36,7 +36,7 @@ from atroposlib.envs.reward_fns.answers import extract_answer_tag, extract_final
 from atroposlib.envs.reward_fns.format_rewards import answer_tag_format_credit
 from atroposlib.envs.reward_fns.graded import grade_answer
 from atroposlib.envs.rollouts import greedy_reply, sample_group
-from atroposlib.envs.selection import SignalSelector
+from atroposlib.envs.selection import RevisitPool, SignalSelector
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.group import ScoredData
 from atroposlib.type_definitions import Item
@@ -113,11 +113,29 @@ class ReasoningGymConfig(BaseEnvConfig):
         "scores differ (a group whose first replies agree is dropped there, its other replies "
         "never sampled); 0: the whole group at once. Needs ensure_scores_are_not_same.",
     )
+    screen_settled_logprob: float | None = Field(
+        default=None,
+        le=0,
+        description="With screen_replies: stop a group only when its first replies are also "
+        "ones the engine sampled with a total logprob of at least this (-0.05: replies it gives "
+        "95 in 100 times, which the rest would almost surely repeat); none: whenever their "
+        "scores agree.",
+    )
     select_by_signal: bool = Field(
         default=False,
         description="Skip problems of the kinds (task, size, carries in a sum) whose recent "
         "groups mostly scored all-equal: each kind is drawn in proportion to the share of its "
         "last selection_window groups that taught something, never below selection_floor.",
+    )
+    revisit_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of draws that give a problem another group when its last one "
+        "taught (scores differed), the longest waiting first; 0: every draw a new problem.",
+    )
+    revisit_max_groups: int = Field(
+        default=4, ge=1, description="Groups one problem may have in all, with revisit_share."
     )
     selection_window: int = Field(default=32, ge=1, description="Groups remembered per kind.")
     selection_floor: float = Field(
@@ -208,8 +226,16 @@ class ReasoningGymEnv(BaseEnv):
                 random.Random(self.config.seed + 1), window=window,
                 min_groups=min(8, window), floor=self.config.selection_floor,
             )  # fmt: skip
+        self.revisits: RevisitPool | None = None
+        if self.config.revisit_share:
+            self.revisits = RevisitPool(random.Random(self.config.seed + 2),
+                                        self.config.revisit_share,
+                                        max_groups=self.config.revisit_max_groups)  # fmt: skip
 
     async def get_next_item(self) -> Item:
+        revisit = self.revisits.draw() if self.revisits is not None else None
+        if revisit is not None:
+            return revisit
         names, weights = zip(*self.config.tasks.items(), strict=True)
         while True:
             task = self.rng.choices(names, weights=weights)[0]
@@ -237,9 +263,12 @@ class ReasoningGymEnv(BaseEnv):
             max_tokens=self.config.max_completion_tokens,
             temperature=self.config.temperature,
             screen=self.config.screen_replies,
+            settled_logprob=self.config.screen_settled_logprob,
         )
         if self.selector is not None:
             self.selector.record(problem_kind(item["task"], entry), group.scores)
+        if self.revisits is not None:
+            self.revisits.record(entry_key(entry), item, group.scores)
         return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:

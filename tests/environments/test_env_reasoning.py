@@ -251,3 +251,19 @@ async def test_selection_by_signal_skips_the_kind_that_stopped_teaching() -> Non
     assert natural_share > 0.25, "sums without a carry are common"
     assert drawn.count(no_carry) / len(drawn) < natural_share / 3
     assert env.selector.skipped > 0
+
+
+async def test_a_problem_whose_group_taught_is_drawn_again() -> None:
+    env = await set_up(task_configs={"basic_arithmetic": TWO_DIGIT_SUMS}, revisit_share=1.0,
+                       revisit_max_groups=2)  # fmt: skip
+    first = await rg_env.ReasoningGymEnv.get_next_item(env)
+    second = await rg_env.ReasoningGymEnv.get_next_item(env)
+    env.revisits.record(rg_env.entry_key(first["entry"]), first, [1.1, 0.0, 0.1, 1.1])
+    env.revisits.record(rg_env.entry_key(second["entry"]), second, [0.0, 0.0, 0.0, 0.0])
+    assert await rg_env.ReasoningGymEnv.get_next_item(env) is first  # it taught: again
+    fresh = await rg_env.ReasoningGymEnv.get_next_item(env)  # nothing waits: a new problem
+    assert fresh["entry"] not in (first["entry"], second["entry"])
+    env.revisits.record(rg_env.entry_key(first["entry"]), first, [1.1, 0.0, 0.1, 1.1])
+    assert len(env.revisits) == 0, "two groups were its limit"
+    with pytest.raises(ValueError, match="revisit_share"):
+        rg_env.ReasoningGymConfig(revisit_share=1.5)

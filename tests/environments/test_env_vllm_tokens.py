@@ -70,7 +70,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory, test_model_path: Path) -> Ite
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # no torch.compile: what this checks is the env's token path, and the trainer-vs-vLLM
     # bound holds for vLLM's eager kernels too; the compiled graph's numerics are checked by
-    # tests/trainer/test_vllm_api_server_real.py and test_weight_sync_vllm_real.py
+    # tests/trainer/test_weight_sync_vllm_real.py
     args = [*NO_COMPILE, "--enable-scale-out"]
     with VllmServer(test_model_path, log, dtype="float32", extra_args=args) as server:
         yield server

