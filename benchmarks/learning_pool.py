@@ -383,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--docs",
         action="store_true",
-        help="Also write the table between the grid-table markers of README.md and "
-        "docs/results.md.",
+        help="Also write the table between the grid-table markers of docs/results.md (and "
+        "of README.md, when it has some).",
     )
     args = parser.parse_args(argv)
     summaries = load_summaries(args.runs)
@@ -410,9 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.runs) != 1:
             parser.error("--docs takes one run folder: the one the pages' markers name")
         source = marker_source(args.runs[0])
-        filled = [page for page, text in ((RESULTS_PAGE, results_block(table)),
-                                          (README, readme_block(table)))
-                  if fill_block(page, text, source)]  # fmt: skip
+        pages = [(page, text) for page, text in ((RESULTS_PAGE, results_block(table)),
+                                                 (README, readme_block(table)))
+                 if BLOCK.search(page.read_text())]  # fmt: skip
+        filled = [page for page, text in pages if fill_block(page, text, source)]
         if not filled:
             raise SystemExit(f"no page has a grid table of {source}: add "
                              f"'<!-- grid table: benchmarks/learning_pool.py {source} -->' and "

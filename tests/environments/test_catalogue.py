@@ -27,8 +27,8 @@ def test_doctests(name: str) -> None:
 
 
 ENV_FOLDERS = sorted(p.parent.name for p in ENVIRONMENTS.glob("*/env.py"))
-WITH_DOCTESTS = {"addition", "blackjack", "code_game", "letter_counting", "openai_agent", "rlaif",
-                 "sft_loader", "tictactoe"}  # fmt: skip
+WITH_DOCTESTS = {"addition", "blackjack", "code_game", "letter_counting", "openai_agent",
+                 "reasoning_gym", "rlaif", "sft_loader", "tictactoe"}  # fmt: skip
 
 
 def test_every_environment_folder_has_env_readme_and_config() -> None:
